@@ -1,0 +1,120 @@
+"""server_configs/*.yaml: structure, the flags each algorithm needs, and SGLang 0.5.23's own parser.
+
+The parser test imports ``sglang.srt.server_args`` (CPU-importable, ~13 s) once per module and feeds it
+every config's argv exactly as ``sglang-spec serve`` would build it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import pytest
+
+from sglang_spec.serving.configs import CONFIG_DIR, args_to_argv, list_configs, load_config
+from sglang_spec.serving.launch import build_command
+
+CONFIGS = list_configs()
+MODELS = {"Qwen/Qwen3.6-27B": "hybrid", "Qwen/Qwen3.5-4B": "hybrid", "Qwen/Qwen3-8B": "attention"}
+
+
+def _by_id():
+    return [pytest.param(p, id=p.stem) for p in CONFIGS]
+
+
+def test_every_model_has_every_algorithm():
+    have = defaultdict(set)
+    for p in CONFIGS:
+        cfg = load_config(p)
+        have[cfg.model].add(cfg.algorithm)
+    assert set(have) == set(MODELS)
+    for model, kind in MODELS.items():
+        assert {"AR", "DFLASH", "DDTREE"} <= have[model], model
+        if kind == "hybrid":
+            assert "NEXTN" in have[model], model
+        else:
+            # Qwen3-8B has no MTP head: its chain baseline is EAGLE3, and there must be no NEXTN config.
+            assert "NEXTN" not in have[model] and "EAGLE3" in have[model], model
+
+
+@pytest.mark.parametrize("path", _by_id())
+def test_config_flags(path):
+    cfg = load_config(path)
+    a = cfg.args
+    assert cfg.name == path.stem
+    assert a["model-path"] == cfg.model
+    if MODELS[cfg.model] == "hybrid":
+        assert a["mamba-radix-cache-strategy"] == "extra_buffer"
+        # extra_buffer asserts mamba_track_interval (default 256) >= num_draft_tokens.
+        assert int(a.get("speculative-num-draft-tokens", 1)) <= 256
+    else:
+        assert "mamba-radix-cache-strategy" not in a
+    alg = a.get("speculative-algorithm")
+    if cfg.algorithm == "AR":
+        assert alg is None and not any(k.startswith("speculative") for k in a)
+    elif cfg.algorithm in ("NEXTN", "EAGLE3"):
+        assert alg == cfg.algorithm
+        assert (a["speculative-num-steps"], a["speculative-eagle-topk"], a["speculative-num-draft-tokens"]) == (3, 1, 4)
+        assert ("speculative-draft-model-path" in a) == (cfg.algorithm == "EAGLE3")
+    elif cfg.algorithm == "DFLASH":
+        assert alg == "DFLASH" and a["speculative-dflash-block-size"] == 16
+        assert a["speculative-draft-model-path"].startswith("z-lab/")
+    elif cfg.algorithm == "DDTREE":
+        assert alg == "DDTREE"
+        assert a["speculative-num-draft-tokens"] == 1 + cfg.budget and cfg.budget >= 1
+        assert a["speculative-dflash-block-size"] == 16
+        assert a["attention-backend"] == "triton" and a["page-size"] == 1
+        assert a["speculative-draft-model-path"].startswith("z-lab/")
+
+
+def test_args_to_argv_encodings():
+    argv = args_to_argv({"a": True, "b": False, "c": None, "d": 3, "e": {"k": 1}, "f": ["x", "y"]})
+    assert argv == ["--a", "--d", "3", "--e", '{"k":1}', "--f", "x", "y"]
+
+
+@pytest.fixture(scope="module")
+def sglang_parse():
+    from sglang.srt.server_args import prepare_server_args
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+
+    def parse(argv):
+        try:
+            return prepare_server_args(argv)
+        finally:  # prepare_server_args calls logging.basicConfig(force=True); undo it
+            root.handlers[:] = saved[0]
+            root.setLevel(saved[1])
+
+    return parse
+
+
+@pytest.mark.parametrize("path", _by_id())
+def test_sglang_parser_accepts_config(path, sglang_parse):
+    cfg = load_config(path)
+    cmd = build_command(cfg, "127.0.0.1", 30123, extra=[], launcher="python -m sglang.launch_server")
+    assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+    sa = sglang_parse(cmd[3:])
+    a = cfg.args
+    assert sa.model_path == a["model-path"]
+    assert (sa.host, sa.port) == ("127.0.0.1", 30123)
+    assert sa.tp_size == a["tp-size"] and sa.context_length == a["context-length"]
+    assert sa.mem_fraction_static == pytest.approx(a["mem-fraction-static"])
+    assert sa.max_running_requests == a["max-running-requests"]
+    assert sa.speculative_algorithm == a.get("speculative-algorithm")
+    assert sa.attention_backend == a.get("attention-backend")
+    if "speculative-num-draft-tokens" in a:
+        assert sa.speculative_num_draft_tokens == a["speculative-num-draft-tokens"]
+    if "speculative-draft-model-path" in a:
+        assert sa.speculative_draft_model_path == a["speculative-draft-model-path"]
+    if "speculative-dflash-block-size" in a:
+        assert sa.speculative_dflash_block_size == a["speculative-dflash-block-size"]
+    if "mamba-radix-cache-strategy" in a:
+        assert sa.mamba_radix_cache_strategy == a["mamba-radix-cache-strategy"]
+    if "page-size" in a:
+        assert sa.page_size == a["page-size"]
+    assert sa.disable_overlap_schedule is bool(a.get("disable-overlap-schedule", False))
+
+
+def test_config_dir_is_the_repository_one():
+    assert CONFIG_DIR.name == "server_configs" and len(CONFIGS) >= 12
