@@ -1,0 +1,428 @@
+"""DDTree construction (`draft_topk`, `merge_sharded_topk`, `build_ddtree*`) against an
+oracle that enumerates every prefix (tests/tree_oracles.py).
+
+-inf semantics (decision, see the -inf tests): a token whose draft logit is -inf has draft
+probability 0, so every prefix through it has score -inf.  Such prefixes are impossible and
+must never become real nodes; if fewer than B finite prefixes exist, the remaining slots are
+padding (parents = depths = -1, scores = -inf) and num_nodes counts only finite ones.  A real
+node therefore always has a finite score.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tree_oracles as O
+from sglang_spec.tree import (
+    DraftTree,
+    build_ddtree,
+    build_ddtree_from_topk,
+    draft_topk,
+    merge_sharded_topk,
+)
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ATOL = 2e-4
+
+
+def make_logits(seed: int, bs: int, L: int, V: int, style: str = "normal") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if style == "normal":
+        x = torch.randn(bs, L, V, generator=g) * 2.0
+    elif style == "ints":  # many exact ties
+        x = torch.randint(-2, 2, (bs, L, V), generator=g).float()
+    elif style == "equal":
+        x = torch.full((bs, L, V), 0.5)
+    elif style == "neginf":
+        x = torch.randn(bs, L, V, generator=g) * 2.0
+        kill = torch.rand(bs, L, V, generator=g) < 0.4
+        # keep at least one finite token per depth (an all -inf row is not a distribution)
+        keep = torch.randint(V, (bs, L), generator=g)
+        kill.scatter_(-1, keep[..., None], False)
+        x = x.masked_fill(kill, float("-inf"))
+    else:
+        raise ValueError(style)
+    return x
+
+
+def check_tree(tree: DraftTree, logits: torch.Tensor, budget: int, root_tokens: torch.Tensor,
+               k: int | None = None, topk_ids: torch.Tensor | None = None) -> None:
+    """Every contract property of a DDTree built from `logits` ([bs, L, V])."""
+    bs, L, V = logits.shape
+    N = 1 + budget
+    for name in ("tokens", "parents", "depths", "scores"):
+        t = getattr(tree, name)
+        assert tuple(t.shape) == (bs, N), (name, tuple(t.shape))
+    assert tree.tokens.dtype == torch.int64 and tree.parents.dtype == torch.int64
+    assert tree.depths.dtype == torch.int64 and tree.scores.dtype == torch.float32
+    assert tuple(tree.num_nodes.shape) == (bs,) and tree.num_nodes.dtype == torch.int64
+    assert tree.horizon == L
+
+    kk = min(budget, V) if k is None else k
+    for b in range(bs):
+        lq = O.logq64(logits[b])
+        n = int(tree.num_nodes[b])
+        if topk_ids is None:
+            best = O.oracle_best_scores(lq, budget, kk)
+        else:
+            # restricted to the given candidate ids per depth
+            allowed = [sorted(set(topk_ids[b, d].tolist())) for d in range(L)]
+            pref = O.enumerate_prefixes(lq, allowed)
+            fin = sorted((s for s in pref.values() if math.isfinite(s)), reverse=True)
+            best = torch.tensor(fin[:budget], dtype=torch.float64)
+        # number of real nodes
+        assert n == 1 + best.numel(), f"row {b}: num_nodes={n}, oracle says {1 + best.numel()}"
+        # root
+        assert int(tree.tokens[b, 0]) == int(root_tokens[b])
+        assert int(tree.parents[b, 0]) == -1 and int(tree.depths[b, 0]) == 0
+        assert float(tree.scores[b, 0]) == 0.0
+        # padding
+        for i in range(n, N):
+            assert int(tree.parents[b, i]) == -1, f"padding parent row {b} slot {i}"
+            assert int(tree.depths[b, i]) == -1, f"padding depth row {b} slot {i}"
+            assert float(tree.scores[b, i]) == float("-inf"), f"padding score row {b} slot {i}"
+            assert int(tree.tokens[b, i]) == int(root_tokens[b]), f"padding token row {b} slot {i}"
+        # real nodes
+        seen = set()
+        for i in range(1, n):
+            p = int(tree.parents[b, i])
+            assert 0 <= p < i, f"row {b} node {i}: parent {p} not in [0, {i})"
+            assert int(tree.depths[b, i]) == int(tree.depths[b, p]) + 1
+            d = int(tree.depths[b, i])
+            assert 1 <= d <= L
+            path = O.path_of(tree.parents[b], i)
+            toks = tuple(int(tree.tokens[b, j]) for j in path)
+            assert all(0 <= t < V for t in toks)
+            assert toks not in seen, f"row {b}: prefix {toks} appears twice (siblings share a token)"
+            seen.add(toks)
+            s = sum(lq[dd, t].item() for dd, t in enumerate(toks))
+            assert math.isfinite(s), f"row {b} node {i}: impossible prefix {toks} (score -inf) selected"
+            assert abs(float(tree.scores[b, i]) - s) <= ATOL * max(1.0, abs(s)), (
+                f"row {b} node {i}: score {float(tree.scores[b, i])} != recomputed {s} for {toks}")
+            if topk_ids is None:
+                # Lemma 1: only ranks < K can appear.  Ranks under (logq desc, id asc).
+                for dd, t in enumerate(toks):
+                    strictly_better = int((lq[dd] > lq[dd, t] + 1e-9).sum())
+                    assert strictly_better < kk, f"row {b}: token {t} at depth {dd + 1} outside top-{kk}"
+            else:
+                for dd, t in enumerate(toks):
+                    assert t in set(topk_ids[b, dd].tolist())
+        # selected scores are exactly the oracle's best ones
+        got = torch.sort(tree.scores[b, 1:n].double(), descending=True).values
+        assert torch.allclose(got, best, atol=ATOL, rtol=1e-5), f"row {b}: scores {got.tolist()} vs oracle {best.tolist()}"
+
+
+def assert_same_tree(a: DraftTree, b: DraftTree) -> None:
+    for name in ("tokens", "parents", "depths", "num_nodes"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(a.scores, b.scores)
+    assert a.horizon == b.horizon
+
+
+# ----------------------------------------------------------------------------------------
+# draft_topk
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["normal", "ints", "equal", "neginf"])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_draft_topk_matches_full_sort(style, k):
+    bs, L, V = 3, 4, 6
+    x = make_logits(11 + k, bs, L, V, style)
+    logq, ids = draft_topk(x, k)
+    assert tuple(logq.shape) == (bs, L, k) and tuple(ids.shape) == (bs, L, k)
+    assert logq.dtype == torch.float32 and ids.dtype == torch.int64
+    for b in range(bs):
+        lq = O.logq64(x[b])
+        for d in range(L):
+            want = sorted(range(V), key=lambda t: (-lq[d, t].item(), t))[:k]
+            assert ids[b, d].tolist() == want, (style, b, d, ids[b, d].tolist(), want)
+            ref = lq[d, want]
+            fin = torch.isfinite(ref)
+            assert torch.equal(torch.isfinite(logq[b, d]), fin)
+            assert torch.allclose(logq[b, d][fin].double(), ref[fin], atol=1e-5)
+
+
+def test_draft_topk_ties_sorted_by_id():
+    # vocabulary 8 with the same logit everywhere except one winner: ties among ids 0..7 \ {5}
+    x = torch.zeros(1, 2, 8)
+    x[0, 0, 5] = 1.0
+    x[0, 1] = torch.tensor([3.0, 1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 1.0])
+    _, ids = draft_topk(x, 4)
+    assert ids[0, 0].tolist() == [5, 0, 1, 2]
+    assert ids[0, 1].tolist() == [0, 2, 4, 6]
+
+
+# ----------------------------------------------------------------------------------------
+# merge_sharded_topk
+# ----------------------------------------------------------------------------------------
+
+
+def shard_inputs(x: torch.Tensor, tp: int, k: int, shuffle_gen: torch.Generator | None = None):
+    """Emulate vocab-parallel TP: shard s owns a contiguous id range; it reports its local top-k
+    raw logits (ties -> lower id), their GLOBAL ids and its local logsumexp."""
+    bs, L, V = x.shape
+    assert V % tp == 0
+    w = V // tp
+    vals, ids, lse = [], [], []
+    for s in range(tp):
+        part = x[..., s * w:(s + 1) * w]
+        v = torch.empty(bs, L, k)
+        i = torch.empty(bs, L, k, dtype=torch.long)
+        for b in range(bs):
+            for d in range(L):
+                order = sorted(range(w), key=lambda t: (-part[b, d, t].item(), t))[:k]
+                if shuffle_gen is not None:
+                    perm = torch.randperm(k, generator=shuffle_gen).tolist()
+                    order = [order[j] for j in perm]
+                v[b, d] = part[b, d, order]
+                i[b, d] = torch.tensor(order) + s * w
+        vals.append(v)
+        ids.append(i)
+        lse.append(torch.logsumexp(part, dim=-1))
+    return torch.stack(vals), torch.stack(ids), torch.stack(lse)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4])
+@pytest.mark.parametrize("style", ["normal", "ints", "neginf"])
+def test_merge_sharded_topk_equals_unsharded(tp, style):
+    bs, L, V, k = 2, 3, 12, 3
+    x = make_logits(100 + tp, bs, L, V, style)
+    vals, ids, lse = shard_inputs(x, tp, k)
+    m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
+    f_logq, f_ids = draft_topk(x, k)
+    assert m_ids.dtype == torch.int64 and m_logq.dtype == torch.float32
+    assert torch.equal(m_ids, f_ids), (m_ids, f_ids)
+    fin = torch.isfinite(f_logq)
+    assert torch.equal(torch.isfinite(m_logq), fin)
+    assert torch.allclose(m_logq[fin], f_logq[fin], atol=1e-5)
+
+
+def test_merge_sharded_topk_unsorted_shard_lists():
+    # local top-k lists are sets; their internal order must not matter
+    bs, L, V, k = 2, 2, 12, 3
+    x = make_logits(7, bs, L, V, "normal")
+    g = torch.Generator().manual_seed(3)
+    vals, ids, lse = shard_inputs(x, 3, k, shuffle_gen=g)
+    m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
+    f_logq, f_ids = draft_topk(x, k)
+    assert torch.equal(m_ids, f_ids)
+    assert torch.allclose(m_logq, f_logq, atol=1e-5)
+
+
+def test_merge_sharded_then_build_equals_build():
+    bs, L, V, B = 2, 3, 8, 6
+    x = make_logits(21, bs, L, V)
+    k = min(B, V // 2)  # shard-local k cannot exceed the shard width
+    vals, ids, lse = shard_inputs(x, 2, k)
+    m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
+    roots = torch.tensor([1, 4])
+    t_merged = build_ddtree_from_topk(m_logq, m_ids, B, roots)
+    check_tree(t_merged, x, B, roots, topk_ids=m_ids)
+    f_logq, f_ids = draft_topk(x, k)
+    assert_same_tree(t_merged, build_ddtree_from_topk(f_logq, f_ids, B, roots))
+
+
+# ----------------------------------------------------------------------------------------
+# build_ddtree: fixed cases
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bs,L,V,B,style",
+    [
+        (1, 1, 4, 1, "normal"),   # B = 1
+        (1, 1, 4, 3, "normal"),   # L = 1
+        (2, 3, 3, 8, "normal"),   # V < B
+        (3, 4, 2, 9, "normal"),   # V = 2, deep
+        (8, 3, 5, 7, "normal"),   # bs = 8, different logits per request
+        (4, 3, 4, 10, "ints"),    # exact ties
+        (2, 3, 4, 6, "equal"),    # all equal
+        (4, 3, 5, 9, "neginf"),   # impossible tokens
+        (2, 4, 5, 20, "normal"),
+    ],
+)
+def test_build_matches_prefix_oracle(bs, L, V, B, style):
+    x = make_logits(1000 + bs * 31 + L * 7 + V * 3 + B, bs, L, V, style)
+    roots = torch.arange(bs) % V
+    tree = build_ddtree(x, B, roots)
+    check_tree(tree, x, B, roots)
+
+
+def test_build_padding_when_too_few_prefixes():
+    # V = 2, L = 1: only 2 prefixes exist, budget 5 -> 2 real draft nodes + root, 3 padding slots
+    x = torch.tensor([[[0.3, -0.2]], [[-1.0, 2.0]]])
+    roots = torch.tensor([7, 9])
+    tree = build_ddtree(x, 5, roots)
+    check_tree(tree, x, 5, roots)
+    assert tree.num_nodes.tolist() == [3, 3]
+    assert tree.parents[:, 3:].eq(-1).all() and tree.depths[:, 3:].eq(-1).all()
+    assert torch.isneginf(tree.scores[:, 3:]).all()
+    assert tree.tokens[0, 3:].eq(7).all() and tree.tokens[1, 3:].eq(9).all()
+    assert sorted(tree.tokens[0, 1:3].tolist()) == [0, 1]
+    # V = 2, L = 2: 2 + 4 = 6 prefixes, budget 8 -> 6 real
+    x2 = torch.randn(1, 2, 2, generator=torch.Generator().manual_seed(0))
+    t2 = build_ddtree(x2, 8, torch.tensor([0]))
+    check_tree(t2, x2, 8, torch.tensor([0]))
+    assert t2.num_nodes.tolist() == [7]
+
+
+def test_build_full_tree_exact_small_case():
+    # L=2, V=3, B=4 with hand-checkable log-probs
+    p1 = torch.tensor([0.6, 0.3, 0.1])
+    p2 = torch.tensor([0.5, 0.4, 0.1])
+    x = torch.stack([p1.log(), p2.log()])[None]
+    tree = build_ddtree(x, 4, torch.tensor([2]))
+    # prefixes by prob: (0)=.6, (0,0)=.30, (1)=.3, (0,1)=.24, (1,0)=.15 ...
+    # the top-4 set is {(0), (0,0), (1), (0,1)}; (0,0) and (1) tie at 0.30 exactly in reals,
+    # so compare the set of prefixes only
+    n = int(tree.num_nodes[0])
+    assert n == 5
+    got = {tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, n)}
+    assert got == {(0,), (0, 0), (1,), (0, 1)}
+
+
+def test_build_equal_logits_breadth_first_and_low_ids():
+    # all logits equal: each depth-d prefix has score -d log V, so with B = V + 2 the tree is
+    # the whole first level plus 2 second-level nodes, all tokens in the top-K = min(B,V) ranks.
+    bs, L, V, B = 2, 3, 4, 6
+    x = torch.zeros(bs, L, V)
+    tree = build_ddtree(x, B, torch.tensor([0, 1]))
+    check_tree(tree, x, B, torch.tensor([0, 1]))
+    for b in range(bs):
+        d = tree.depths[b, 1:].tolist()
+        assert sorted(d) == [1, 1, 1, 1, 2, 2]
+    # V > B with exact ties: K = B = 2, the tie among 5 equal tokens goes to the lowest ids
+    x2 = torch.zeros(1, 2, 5)
+    t2 = build_ddtree(x2, 2, torch.tensor([3]))
+    check_tree(t2, x2, 2, torch.tensor([3]))
+    assert sorted(t2.tokens[0, 1:].tolist()) == [0, 1]
+
+
+def test_build_neginf_tokens_never_selected():
+    # depth 1: only tokens 1 and 3 possible; depth 2: only token 0 possible -> 2 + 2 = 4 finite prefixes
+    x = torch.full((1, 2, 4), float("-inf"))
+    x[0, 0, 1] = 0.0
+    x[0, 0, 3] = 1.0
+    x[0, 1, 0] = 5.0
+    roots = torch.tensor([2])
+    tree = build_ddtree(x, 7, roots)
+    check_tree(tree, x, 7, roots)
+    assert int(tree.num_nodes[0]) == 5
+    assert torch.isfinite(tree.scores[0, :5]).all()
+    real = {tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, 5)}
+    assert real == {(3,), (1,), (3, 0), (1, 0)}
+    # a budget smaller than the finite count: still no -inf node
+    t2 = build_ddtree(x, 3, roots)
+    check_tree(t2, x, 3, roots)
+    assert int(t2.num_nodes[0]) == 4 and torch.isfinite(t2.scores[0]).all()
+
+
+def test_build_nan_logits_raise():
+    x = torch.randn(2, 3, 4)
+    x[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="(?i)nan"):
+        build_ddtree(x, 4, torch.tensor([0, 0]))
+
+
+@pytest.mark.parametrize("budget", [0, -1])
+def test_build_bad_budget_raises(budget):
+    x = torch.randn(1, 2, 4)
+    with pytest.raises(ValueError):
+        build_ddtree(x, budget, torch.tensor([0]))
+    logq, ids = draft_topk(x, 2)
+    with pytest.raises(ValueError):
+        build_ddtree_from_topk(logq, ids, budget, torch.tensor([0]))
+
+
+def test_build_deterministic_and_batch_independent():
+    bs, L, V, B = 6, 3, 5, 9
+    for style in ("normal", "ints", "equal"):
+        x = make_logits(77, bs, L, V, style)
+        roots = torch.tensor([0, 1, 2, 3, 4, 0])
+        t1 = build_ddtree(x, B, roots)
+        t2 = build_ddtree(x.clone(), B, roots.clone())
+        assert_same_tree(t1, t2)
+        # every request's tree depends on its own logits only
+        for b in range(bs):
+            tb = build_ddtree(x[b:b + 1].clone(), B, roots[b:b + 1].clone())
+            for name in ("tokens", "parents", "depths", "num_nodes"):
+                assert torch.equal(getattr(tb, name)[0], getattr(t1, name)[b]), (style, b, name)
+            assert torch.allclose(tb.scores[0], t1.scores[b], atol=1e-6), (style, b)
+
+
+def test_build_from_topk_equals_build():
+    bs, L, V, B = 3, 3, 6, 4
+    x = make_logits(5, bs, L, V)
+    roots = torch.tensor([5, 0, 3])
+    logq, ids = draft_topk(x, min(B, V))
+    assert_same_tree(build_ddtree_from_topk(logq, ids, B, roots), build_ddtree(x, B, roots))
+
+
+def test_build_from_topk_with_small_k():
+    # k = 2 candidates per depth, budget 5: the tree is the 5 best prefixes over those ids only
+    bs, L, V, B = 2, 3, 6, 5
+    x = make_logits(9, bs, L, V)
+    roots = torch.tensor([1, 2])
+    logq, ids = draft_topk(x, 2)
+    tree = build_ddtree_from_topk(logq, ids, B, roots)
+    check_tree(tree, x, B, roots, topk_ids=ids)
+    # k = 1 is a chain of length min(B, L)
+    logq1, ids1 = draft_topk(x, 1)
+    chain = build_ddtree_from_topk(logq1, ids1, B, roots)
+    check_tree(chain, x, B, roots, topk_ids=ids1)
+    assert chain.num_nodes.tolist() == [1 + L, 1 + L]
+    for b in range(bs):
+        assert chain.depths[b, 1:1 + L].tolist() == list(range(1, L + 1))
+        assert chain.tokens[b, 1:1 + L].tolist() == ids1[b, :, 0].tolist()
+
+
+# ----------------------------------------------------------------------------------------
+# build_ddtree: property-based
+# ----------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    bs=st.integers(1, 8),
+    L=st.integers(1, 4),
+    V=st.integers(1, 6),
+    B=st.integers(1, 24),
+    seed=st.integers(0, 2**31 - 1),
+    style=st.sampled_from(["normal", "normal", "ints", "equal", "neginf"]),
+)
+def test_build_property(bs, L, V, B, seed, style):
+    x = make_logits(seed, bs, L, V, style)
+    roots = torch.randint(V, (bs,), generator=torch.Generator().manual_seed(seed + 1))
+    tree = build_ddtree(x, B, roots)
+    check_tree(tree, x, B, roots)
+    again = build_ddtree(x.clone(), B, roots.clone())
+    assert_same_tree(tree, again)
+
+
+@SETTINGS
+@given(
+    bs=st.integers(1, 3),
+    L=st.integers(1, 3),
+    tp=st.sampled_from([2, 3, 4]),
+    w=st.integers(1, 4),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    style=st.sampled_from(["normal", "ints", "neginf"]),
+)
+def test_merge_property(bs, L, tp, w, k, seed, style):
+    k = min(k, w)
+    V = tp * w
+    x = make_logits(seed, bs, L, V, style)
+    vals, ids, lse = shard_inputs(x, tp, k)
+    m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
+    f_logq, f_ids = draft_topk(x, k)
+    assert torch.equal(m_ids, f_ids)
+    fin = torch.isfinite(f_logq)
+    assert torch.equal(torch.isfinite(m_logq), fin)
+    assert torch.allclose(m_logq[fin], f_logq[fin], atol=1e-5)
