@@ -1,0 +1,162 @@
+"""``sglang-spec serve``: dry run, health wait, failure log, timeout, Ctrl-C and --then.
+
+SGLang itself is replaced by a small fake launcher (``--launcher``) that serves ``/health`` on 127.0.0.1
+and spawns a child process, like SGLang's scheduler subprocesses, so that stopping the whole process
+group can be checked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_spec.serving import launch
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "qwen3-8b-dflash"
+
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, os, subprocess, sys, time
+    argv = sys.argv[1:]
+    host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with open(os.environ["FAKE_PIDS"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    print("fake sglang starting with", " ".join(argv), flush=True)
+    mode = os.environ.get("FAKE_MODE", "ok")
+    if mode == "crash":
+        print("RuntimeError: boom: CUDA out of memory", flush=True)
+        child.kill()
+        sys.exit(3)
+    if mode == "hang":
+        time.sleep(120)
+    time.sleep(float(os.environ.get("FAKE_DELAY", "0.5")))
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+
+    http.server.HTTPServer((host, port), H).serve_forever()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/status").read_text()
+            if "\nState:\tZ" in state:
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(FAKE_SERVER)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_PIDS", str(pids))
+    port = _free_port()
+    base = [CONFIG, "--launcher", f"{{python}} {script}", "--port", str(port),
+            "--log-file", str(tmp_path / "server.log"), "--stop-timeout", "5"]
+    return {"base": base, "pids": pids, "port": port, "log": tmp_path / "server.log"}
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()]
+
+
+def test_dry_run_prints_the_full_command(capsys):
+    assert launch.main([CONFIG, "--dry-run", "--port", "31001", "--", "--disable-cuda-graph"]) == 0
+    out = capsys.readouterr().out
+    assert "-m sglang.launch_server" in out
+    for piece in ("--model-path Qwen/Qwen3-8B", "--speculative-algorithm DFLASH",
+                  "--speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16", "--speculative-dflash-block-size 16",
+                  "--host 127.0.0.1", "--port 31001", "--disable-cuda-graph"):
+        assert piece in out, piece
+    assert out.index("--port 31001") < out.index("--disable-cuda-graph")
+
+
+def test_unknown_config_and_stray_flag_are_usage_errors(capsys):
+    assert launch.main(["no-such-config"]) == 2
+    assert "qwen3-8b-ar" in capsys.readouterr().err  # lists the known configs
+    assert launch.main([CONFIG, "--not-an-option"]) == 2
+
+
+def test_then_runs_after_health_and_stops_the_server(fake, capsys):
+    probe = f"{sys.executable} -c \"import os,urllib.request as u; print('health', u.urlopen(os.environ['SGLANG_URL'] + '/health').status)\""
+    rc = launch.main([*fake["base"], "--then", probe, "--timeout", "30"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert f"READY http://127.0.0.1:{fake['port']}" in captured.out
+    server, child = _pids(fake["pids"])
+    assert _gone(server) and _gone(child)
+    assert "fake sglang starting with" in fake["log"].read_text()
+    assert f"--port {fake['port']}" in fake["log"].read_text()
+
+
+def test_crash_before_health_prints_the_log_tail(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_MODE", "crash")
+    assert launch.main([*fake["base"], "--timeout", "30"]) == 1
+    err = capsys.readouterr().err
+    assert "exited with code 3" in err
+    assert "boom: CUDA out of memory" in err
+
+
+def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    assert launch.main([*fake["base"], "--timeout", "2"]) == 1
+    assert "not ready after" in capsys.readouterr().err
+    server, child = _pids(fake["pids"])
+    assert _gone(server) and _gone(child)
+
+
+def test_busy_port_is_refused(fake, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", fake["port"]))
+        s.listen()
+        assert launch.main([*fake["base"], "--timeout", "5"]) == 2
+    assert "already in use" in capsys.readouterr().err
+    assert not fake["pids"].exists()  # nothing was started
+
+
+def test_ctrl_c_stops_the_process_group(fake):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_spec.serving.launch", *fake["base"], "--timeout", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        line = proc.stdout.readline()  # blocks until READY (bounded by --timeout) or exit
+        assert line.startswith("READY http://127.0.0.1:"), line + proc.stderr.read()
+        server, child = _pids(fake["pids"])
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 130
+    assert "server stopped" in proc.stderr.read()
+    assert _gone(server) and _gone(child)
