@@ -1,0 +1,1 @@
+"""Benchmarks that print tables (performance never lives in unit tests)."""

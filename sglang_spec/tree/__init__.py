@@ -1,0 +1,28 @@
+"""Framework-free DDTree core: build, layout (SGLang tree ABI) and walks, batched over requests.
+
+Everything here is plain torch (plus Triton kernels on CUDA) and never synchronises the host with
+the device on CUDA. The API contract is documented in docs/tree-api.md.
+"""
+
+from .build import build_ddtree, build_ddtree_from_topk, draft_topk, merge_sharded_topk
+from .layout import ancestor_mask, bitpack_dtype, sglang_tree_abi, tree_positions
+from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
+from .walk import sample_target_tokens, walk_greedy, walk_sample
+
+__all__ = [
+    "DraftTree",
+    "TreeABI",
+    "TreeMaskMode",
+    "WalkResult",
+    "ancestor_mask",
+    "bitpack_dtype",
+    "build_ddtree",
+    "build_ddtree_from_topk",
+    "draft_topk",
+    "merge_sharded_topk",
+    "sample_target_tokens",
+    "sglang_tree_abi",
+    "tree_positions",
+    "walk_greedy",
+    "walk_sample",
+]

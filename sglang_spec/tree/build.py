@@ -1,0 +1,193 @@
+"""DDTree construction: per-depth top-K of the drafter's marginals, then best-first selection.
+
+DDTree (arXiv 2604.12989, Algorithm 1) keeps the B prefixes with the highest factorised draft
+probability ``prod_d q_d(token_d)``; that set is prefix-closed and only the ``K = min(B, V)`` best
+tokens of each depth can appear in it. The selection is a best-first search over a frontier that
+holds, for every popped node, at most its next sibling and its first child (so at most ``B + 1``
+entries). Both implementations below run it batched over requests without host synchronisation:
+
+- :func:`_select_torch`: ``B`` vectorised steps of torch ops (CPU, and any device without Triton);
+- ``triton_kernels.ddtree_select``: one Triton program per request (CUDA).
+
+They perform the same float32 operations in the same order and break ties the same way (the
+lowest frontier slot wins), so they return identical trees; the CUDA tests check this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .types import DraftTree
+
+
+def _check_budget(budget: int) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be an integer >= 1 (number of draft nodes, root excluded); got {budget!r}")
+    return budget
+
+
+def _check_logits(draft_logits: torch.Tensor) -> None:
+    if draft_logits.dim() != 3:
+        raise ValueError(
+            f"draft_logits must be [bs, L, V] (L = block_size - 1 drafter positions); got shape {tuple(draft_logits.shape)}"
+        )
+    bs, L, V = draft_logits.shape
+    if L < 1 or V < 1:
+        raise ValueError(f"draft_logits needs L >= 1 and V >= 1; got L={L}, V={V}")
+    if not draft_logits.is_floating_point():
+        raise ValueError(f"draft_logits must be floating point; got {draft_logits.dtype}")
+
+
+def _canonical_order(logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Order each row by (log-prob descending, token id ascending), so ties never depend on the device."""
+    ids_sorted, perm = ids.sort(dim=-1, stable=True)
+    logq = logq.gather(-1, perm)
+    logq_sorted, perm = logq.sort(dim=-1, descending=True, stable=True)
+    return logq_sorted, ids_sorted.gather(-1, perm)
+
+
+def draft_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax values and token ids of the ``k`` best tokens at every depth.
+
+    ``draft_logits`` is ``[bs, L, V]``; returns float32 ``logq [bs, L, k]`` and int64 ``ids [bs, L, k]``
+    ordered by (logq descending, id ascending). The top-k runs on the raw logits (the log-softmax
+    is monotone), so only ``[bs, L]`` log-sum-exps are computed over the vocabulary.
+    """
+    _check_logits(draft_logits)
+    V = draft_logits.shape[-1]
+    if not 1 <= k <= V:
+        raise ValueError(f"k must be in [1, V={V}]; got {k}")
+    logits = draft_logits.float()
+    vals, ids = logits.topk(k, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    return _canonical_order(vals - lse, ids)
+
+
+def merge_sharded_topk(
+    vals: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge per-shard top-k of a vocabulary-parallel LM head without gathering the vocabulary.
+
+    ``vals [tp, bs, L, k_local]`` are each shard's best raw logits, ``ids`` their *global* token ids,
+    ``lse [tp, bs, L]`` each shard's log-sum-exp over its own vocabulary slice. The global
+    log-softmax of a token is its logit minus the log-sum-exp of the shard log-sum-exps.
+    """
+    if vals.shape != ids.shape or vals.dim() != 4 or lse.shape != vals.shape[:3]:
+        raise ValueError(
+            f"expected vals/ids [tp, bs, L, k] and lse [tp, bs, L]; got {tuple(vals.shape)}, "
+            f"{tuple(ids.shape)}, {tuple(lse.shape)}"
+        )
+    tp, bs, L, kl = vals.shape
+    if not 1 <= k <= tp * kl:
+        raise ValueError(f"k must be in [1, tp*k_local={tp * kl}]; got {k}")
+    total_lse = torch.logsumexp(lse.float(), dim=0)  # [bs, L]
+    flat_vals = vals.float().permute(1, 2, 0, 3).reshape(bs, L, tp * kl)
+    flat_ids = ids.permute(1, 2, 0, 3).reshape(bs, L, tp * kl)
+    logq, flat_ids = _canonical_order(flat_vals - total_lse.unsqueeze(-1), flat_ids)
+    return logq[..., :k], flat_ids[..., :k]
+
+
+def _select_torch(logq: torch.Tensor, budget: int):
+    """Best-first selection of the ``budget`` best prefixes, batched over requests with torch ops.
+
+    Returns per node ``(depth, rank, parent, score)`` tensors ``[bs, 1 + budget]`` (root at slot 0,
+    padding with depth -1) and ``num_nodes [bs]``.
+    """
+    bs, L, K = logq.shape
+    dev = logq.device
+    N, F = budget + 1, budget + 1
+    rows = torch.arange(bs, device=dev)
+    neg_inf = torch.tensor(float("-inf"), device=dev)
+    # Frontier entry = candidate node: its score, its parent's score, depth (1..L), rank, parent slot.
+    f_score = torch.full((bs, F), float("-inf"), device=dev)
+    f_pscore = torch.zeros((bs, F), device=dev)
+    f_depth = torch.ones((bs, F), dtype=torch.long, device=dev)
+    f_rank = torch.zeros((bs, F), dtype=torch.long, device=dev)
+    f_parent = torch.zeros((bs, F), dtype=torch.long, device=dev)
+    f_score[:, 0] = logq[:, 0, 0]
+    count = torch.ones(bs, dtype=torch.long, device=dev)  # next free frontier slot
+
+    depth = torch.full((bs, N), -1, dtype=torch.long, device=dev)
+    rank = torch.zeros((bs, N), dtype=torch.long, device=dev)
+    parent = torch.full((bs, N), -1, dtype=torch.long, device=dev)
+    score = torch.full((bs, N), float("-inf"), device=dev)
+    depth[:, 0] = 0
+    score[:, 0] = 0.0
+    logq_flat = logq.reshape(bs, L * K)
+    for n in range(1, N):
+        best, slot = f_score.max(dim=1)  # first maximal slot on ties (torch.max contract)
+        valid = best > float("-inf")
+        d = f_depth[rows, slot]
+        r = f_rank[rows, slot]
+        depth[:, n] = torch.where(valid, d, -1)
+        rank[:, n] = torch.where(valid, r, 0)
+        parent[:, n] = torch.where(valid, f_parent[rows, slot], -1)
+        score[:, n] = best
+        # The popped entry's slot is reused by its next sibling (same parent, rank + 1).
+        has_sib = valid & (r + 1 < K)
+        sib_logq = logq_flat[rows, ((d - 1) * K + r + 1).clamp(max=L * K - 1)]
+        f_score[rows, slot] = torch.where(has_sib, f_pscore[rows, slot] + sib_logq, neg_inf)
+        f_rank[rows, slot] = r + 1
+        # Its first child (rank 0 at the next depth) takes the next free slot.
+        has_child = valid & (d < L)
+        child_logq = logq_flat[rows, (d * K).clamp(max=L * K - 1)]
+        cslot = count.clamp(max=F - 1)
+        f_score[rows, cslot] = torch.where(has_child, best + child_logq, f_score[rows, cslot])
+        f_pscore[rows, cslot] = torch.where(has_child, best, f_pscore[rows, cslot])
+        f_depth[rows, cslot] = torch.where(has_child, d + 1, f_depth[rows, cslot])
+        f_rank[rows, cslot] = torch.where(has_child, 0, f_rank[rows, cslot])
+        f_parent[rows, cslot] = torch.where(has_child, n, f_parent[rows, cslot])
+        count = count + has_child.long()
+    num_nodes = (depth >= 0).sum(dim=1)
+    return depth, rank, parent, score, num_nodes
+
+
+def build_ddtree_from_topk(
+    logq: torch.Tensor, ids: torch.Tensor, budget: int, root_tokens: torch.Tensor
+) -> DraftTree:
+    """Build the DDTree of ``budget`` draft nodes from per-depth top-K log-probs and token ids.
+
+    ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (K >= min(budget, V) for
+    exactness); ``root_tokens [bs]`` are the last verified tokens. Raises ``ValueError`` on NaN
+    log-probs when the tensors are on the CPU; on CUDA (no host synchronisation allowed) a request
+    whose log-probs contain NaN gets a root-only tree, which verifies losslessly.
+    """
+    budget = _check_budget(budget)
+    if logq.dim() != 3 or ids.shape != logq.shape:
+        raise ValueError(f"logq and ids must both be [bs, L, K]; got {tuple(logq.shape)} and {tuple(ids.shape)}")
+    bs, L, K = logq.shape
+    if root_tokens.shape != (bs,):
+        raise ValueError(f"root_tokens must be [bs={bs}]; got shape {tuple(root_tokens.shape)}")
+    logq = logq.float().contiguous()
+    ids = ids.long().contiguous()
+    root_tokens = root_tokens.long()
+    if logq.is_cuda:
+        from .triton_kernels import ddtree_select
+
+        nan_rows = torch.isnan(logq).flatten(1).any(dim=1)
+        logq = torch.where(nan_rows[:, None, None], float("-inf"), logq)
+        depth, rank, parent, score, num_nodes = ddtree_select(logq, budget)
+    else:
+        if torch.isnan(logq).any():
+            bad = torch.isnan(logq).flatten(1).any(dim=1).nonzero().flatten().tolist()
+            raise ValueError(f"draft log-probs contain NaN for request(s) {bad}; the drafter produced invalid logits")
+        depth, rank, parent, score, num_nodes = _select_torch(logq, budget)
+    real = depth > 0
+    flat = ((depth - 1).clamp(min=0) * K + rank.clamp(max=K - 1)).clamp(max=L * K - 1)
+    tokens = torch.where(real, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None])
+    return DraftTree(tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L)
+
+
+def build_ddtree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> DraftTree:
+    """Select the ``budget`` highest-scoring draft prefixes from per-depth logits ``[bs, L, V]``.
+
+    Score = sum over depths of the log-softmax; ranks ``< K = min(budget, V)`` per depth.
+    NaN logits raise ``ValueError`` on the CPU (see :func:`build_ddtree_from_topk` for CUDA).
+    """
+    budget = _check_budget(budget)
+    _check_logits(draft_logits)
+    if not draft_logits.is_cuda and torch.isnan(draft_logits).any():
+        bad = torch.isnan(draft_logits).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits")
+    logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]))
+    return build_ddtree_from_topk(logq, ids, budget, root_tokens)
