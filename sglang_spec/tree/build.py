@@ -164,17 +164,14 @@ def build_ddtree_from_topk(
     if logq.is_cuda:
         from .triton_kernels import ddtree_select
 
-        nan_rows = torch.isnan(logq).flatten(1).any(dim=1)
-        logq = torch.where(nan_rows[:, None, None], float("-inf"), logq)
-        depth, rank, parent, score, num_nodes = ddtree_select(logq, budget)
+        tokens, depth, _, parent, score, num_nodes = ddtree_select(logq, ids, root_tokens, budget)
     else:
         if torch.isnan(logq).any():
             bad = torch.isnan(logq).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(f"draft log-probs contain NaN for request(s) {bad}; the drafter produced invalid logits")
         depth, rank, parent, score, num_nodes = _select_torch(logq, budget)
-    real = depth > 0
-    flat = ((depth - 1).clamp(min=0) * K + rank.clamp(max=K - 1)).clamp(max=L * K - 1)
-    tokens = torch.where(real, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None])
+        flat = (depth - 1).clamp(min=0) * K + rank
+        tokens = torch.where(depth > 0, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None])
     return DraftTree(tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L)
 
 

@@ -22,14 +22,21 @@ from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
 
 @triton.jit
 def _select_kernel(
-    logq_ptr, depth_ptr, rank_ptr, parent_ptr, score_ptr, num_nodes_ptr,
+    logq_ptr, ids_ptr, root_ptr, tokens_ptr, depth_ptr, rank_ptr, parent_ptr, score_ptr, num_nodes_ptr,
     L: tl.constexpr, K: tl.constexpr, N: tl.constexpr, FB: tl.constexpr,
 ):
     b = tl.program_id(0)
     base = logq_ptr + b * L * K
     slots = tl.arange(0, FB)
     neg_inf = float("-inf")
-    f_score = tl.where(slots == 0, tl.load(base), neg_inf)
+    # A request whose log-probs contain NaN gets a root-only tree (verifies losslessly).
+    nan_count = 0
+    for c in range(0, L * K, 256):
+        chunk = c + tl.arange(0, 256)
+        vals = tl.load(base + chunk, mask=chunk < L * K, other=0.0)
+        nan_count += tl.sum((vals != vals).to(tl.int32), axis=0)
+    has_nan = nan_count > 0
+    f_score = tl.where(slots == 0, tl.where(has_nan, neg_inf, tl.load(base)), neg_inf)
     f_pscore = tl.zeros([FB], dtype=tl.float32)
     # Packed (depth, rank, parent): depth < 2^6, rank < 2^12, parent < 2^12.
     f_meta = tl.where(slots == 0, 1 << 24, 0)
@@ -61,15 +68,23 @@ def _select_kernel(
     out = b * N + slots
     in_tree = slots < N
     real = o_meta >= 0
-    tl.store(depth_ptr + out, tl.where(real, o_meta >> 24, -1), mask=in_tree)
-    tl.store(rank_ptr + out, tl.where(real, (o_meta >> 12) & 4095, 0), mask=in_tree)
+    depth = tl.where(real, o_meta >> 24, -1)
+    rank = tl.where(real, (o_meta >> 12) & 4095, 0)
+    draft = in_tree & (depth > 0)
+    token = tl.load(ids_ptr + b * L * K + (depth - 1) * K + rank, mask=draft, other=0)
+    tl.store(tokens_ptr + out, tl.where(draft, token, tl.load(root_ptr + b)), mask=in_tree)
+    tl.store(depth_ptr + out, depth, mask=in_tree)
+    tl.store(rank_ptr + out, rank, mask=in_tree)
     tl.store(parent_ptr + out, tl.where(real & (slots > 0), o_meta & 4095, -1), mask=in_tree)
     tl.store(score_ptr + out, o_score, mask=in_tree)
     tl.store(num_nodes_ptr + b, tl.sum((real & in_tree).to(tl.int64), axis=0))
 
 
-def ddtree_select(logq: torch.Tensor, budget: int):
-    """Triton twin of ``build._select_torch`` (same outputs, bit for bit)."""
+def ddtree_select(logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, budget: int):
+    """Triton twin of ``build._select_torch`` plus the token gather (same outputs, bit for bit).
+
+    Returns ``(tokens, depth, rank, parent, score, num_nodes)``.
+    """
     bs, L, K = logq.shape
     N = budget + 1
     if L >= 63 or N > 4095 or K > 4095:
@@ -80,16 +95,18 @@ def ddtree_select(logq: torch.Tensor, budget: int):
     parent = torch.empty_like(depth)
     score = torch.empty(bs, N, dtype=torch.float32, device=dev)
     num_nodes = torch.empty(bs, dtype=torch.long, device=dev)
-    _select_kernel[(bs,)](logq, depth, rank, parent, score, num_nodes, L=L, K=K, N=N,
+    tokens = torch.empty_like(depth)
+    _select_kernel[(bs,)](logq, ids, root_tokens, tokens, depth, rank, parent, score, num_nodes, L=L, K=K, N=N,
                           FB=triton.next_power_of_2(N), num_warps=1)
-    return depth, rank, parent, score, num_nodes
+    return tokens, depth, rank, parent, score, num_nodes
 
 
 @triton.jit
 def _layout_kernel(
-    parents_ptr, depths_ptr, seq_lens_ptr, mask_offsets_ptr,
+    parents_ptr, depths_ptr, seq_lens_ptr,
     mask_ptr, positions_ptr, next_token_ptr, next_sibling_ptr, retrieve_index_ptr,
-    N: tl.constexpr, HOPS: tl.constexpr, MODE: tl.constexpr, BI: tl.constexpr, NB: tl.constexpr,
+    N: tl.constexpr, HOPS: tl.constexpr, MODE: tl.constexpr, BI: tl.constexpr,
+    NB: tl.constexpr, BSB: tl.constexpr,
 ):
     b = tl.program_id(0)
     rows = tl.program_id(1) * BI + tl.arange(0, BI)
@@ -120,8 +137,15 @@ def _layout_kernel(
         bits = tl.sum(tl.where(anc & col_ok[None, :], 1 << cols[None, :].to(tl.int64), 0), axis=1)
         tl.store(mask_ptr + out, bits.to(mask_ptr.dtype.element_ty), mask=row_ok)
     else:
-        if MODE == 0:  # FULL_MASK: rows of (seq_len + N) columns; the prefix columns were pre-filled True
-            row_start = tl.load(mask_offsets_ptr + b) + rows * (seq_len + N) + seq_len
+        if MODE == 0:  # FULL_MASK: request b's rows hold (seq_len_b + N) columns, requests concatenated
+            reqs = tl.arange(0, BSB)
+            before = tl.sum(tl.load(seq_lens_ptr + reqs, mask=reqs < b, other=0), axis=0)
+            row_start = (before + b * N) * N + rows * (seq_len + N)
+            for c in range(0, seq_len, 128):  # the verified prefix is visible to every node
+                pc = c + tl.arange(0, 128)
+                pre = mask_ptr + row_start[:, None] + pc[None, :]
+                tl.store(pre, tl.full([BI, 128], 1, tl.int8), mask=row_ok[:, None] & (pc[None, :] < seq_len))
+            row_start += seq_len
         else:  # QLEN_ONLY
             row_start = (b * N + rows) * N
         ptrs = mask_ptr + row_start[:, None] + cols[None, :]
@@ -138,10 +162,8 @@ def tree_layout(tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq
     first = torch.empty_like(positions)
     nxt = torch.empty_like(positions)
     retrieve_index = torch.empty_like(positions)
-    offsets = seq_lens  # unused unless FULL_MASK
     if mode == TreeMaskMode.FULL_MASK:
-        mask = torch.ones(seq_lens_sum * N + bs * N * N, dtype=torch.bool, device=dev)
-        offsets = (torch.cumsum(seq_lens, 0) - seq_lens) * N + torch.arange(bs, device=dev) * N * N
+        mask = torch.empty(seq_lens_sum * N + bs * N * N, dtype=torch.bool, device=dev)
     elif mode == TreeMaskMode.QLEN_ONLY:
         mask = torch.empty(bs * N * N, dtype=torch.bool, device=dev)
     else:
@@ -149,8 +171,9 @@ def tree_layout(tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq
     store_view = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     BI = 16 if N > 64 else 32
     _layout_kernel[(bs, triton.cdiv(N, BI))](
-        tree.parents, tree.depths, seq_lens, offsets, store_view, positions, first, nxt, retrieve_index,
+        tree.parents, tree.depths, seq_lens, store_view, positions, first, nxt, retrieve_index,
         N=N, HOPS=tree.horizon, MODE=int(mode), BI=BI, NB=triton.next_power_of_2(N),
+        BSB=triton.next_power_of_2(bs),
     )
     return TreeABI(tree.tokens.reshape(-1), positions.reshape(-1), retrieve_index, first, nxt, mask, mode)
 
