@@ -1,0 +1,5 @@
+import sys
+
+from sglang_spec.patching import main
+
+sys.exit(main())
