@@ -186,6 +186,13 @@ def test_checkpoint_mismatch_is_refused(targets, tmp_path, change, needle):
     assert needle in str(e.value)
 
 
+def test_trained_mask_embedding_is_refused(targets, tmp_path):
+    zlab_checkpoint(tmp_path, drafter_cfg())
+    torch.save({"embedding": torch.zeros(H), "mask_token_id": MASK}, tmp_path / "mask_embedding.pt")
+    with pytest.raises(DrafterConfigError, match="mask_embedding.pt"):
+        DFlashDrafter.from_pretrained(str(tmp_path), targets["qwen3"])
+
+
 # ---- cached path == forward ------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
@@ -253,6 +260,8 @@ def test_training_mask_with_many_anchors_matches_cached_drafts(targets):
             d.append_context(cache, f[:, :a], pos[:, :a])
             ref = d.draft_logits(cache, seq[:, a], torch.tensor([a]))
             torch.testing.assert_close(d.logits(h[:, j * B + 1:(j + 1) * B]), ref, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="attention_mask must be bool"):
+            d(q_ids, q_pos, d.project_context(f), pos, attention_mask=mask.float())
 
 
 # ---- attention semantics ----------------------------------------------------------------------

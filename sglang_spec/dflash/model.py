@@ -229,12 +229,15 @@ class DFlashDrafter(nn.Module):
                 attention_mask: Optional[Tensor] = None) -> Tensor:
         """Query rows [bs, Q] attend to projected context ``ctx`` [bs, C, H] and to each other.
 
-        ``attention_mask``: bool [bs, 1, Q, C+Q] (True = may attend; columns ctx then queries), or
-        None = everything visible. Layer rules (causal / sliding window by position, padding ctx
+        ``attention_mask``: bool [bs or 1, 1, Q, C+Q] (True = may attend; columns ctx then queries),
+        or None = everything visible. Layer rules (causal / sliding window by position, padding ctx
         with negative positions) are applied on top. Returns final-normed hidden [bs, Q, H]."""
         bs, n_q = query_ids.shape
-        if attention_mask is not None and attention_mask.shape != (bs, 1, n_q, ctx.shape[1] + n_q):
-            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != {(bs, 1, n_q, ctx.shape[1] + n_q)}")
+        want = (1, n_q, ctx.shape[1] + n_q)
+        if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.shape[1:] != want
+                                           or attention_mask.shape[0] not in (1, bs)):
+            raise ValueError(f"attention_mask must be bool [{bs} or 1, *{want}], got "
+                             f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
         cos, sin = self._cos_sin(ctx_positions)
         ctx_kv = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
         masks = self._masks(query_positions, torch.cat((ctx_positions, query_positions), 1), attention_mask)
