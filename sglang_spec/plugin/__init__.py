@@ -318,6 +318,10 @@ def _refuse_unsupported_features(cfg: Any) -> None:
         bad("--enable-pdmux")
     if getattr(cfg, "enable_multi_layer_eagle", False):
         bad("--enable-multi-layer-eagle")
+    for name in ("enable_linear_replayssm_spec", "enable_linear_replayssm"):
+        if getattr(cfg, name, False):
+            # ReplaySSM commit is chain-only (commit_mamba_states_after_verify).
+            bad(f"--{name.replace('_', '-')} (chain-only GDN commit)")
     if getattr(cfg, "enable_lora", False):
         bad("--enable-lora (the drafter borrows the target head unwrapped)")
 
