@@ -134,6 +134,31 @@ def test_autoregressive_engine_reports_no_spec_fields():
         assert _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
 
 
+def test_replayed_result_counts_prefill_token_like_sglang():
+    class Step:
+        def __init__(self, emitted, accepted):
+            self.emitted, self.accepted = emitted, accepted
+
+    class Result:  # the shape sglang_spec.reference.generate returns: prefill token + per-step stats
+        tokens = [65, 66, 67, 68, 69, 70]
+        steps = [Step(3, 2), Step(2, 1)]
+
+    calls = []
+
+    def fake_generate(input_ids, **kw):
+        calls.append((input_ids, kw["max_new_tokens"]))
+        return Result()
+
+    engine = cpu_server.ResultReplayEngine(fake_generate, num_draft_tokens=4)
+    with serve_in_thread(engine) as srv:
+        out = json.loads(_post(srv.url + "/generate", {"input_ids": [1, 2, 3],
+                                                        "sampling_params": {"max_new_tokens": 6}})[1])
+    meta = out["meta_info"]
+    assert calls == [([1, 2, 3], 6)] and out["text"] == "ABCDEF"
+    assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == pytest.approx(3.0)  # 6 tokens / 2 verifies
+    assert meta["spec_num_correct_drafts"] == 3 and meta["spec_correct_drafts_histogram"] == [0, 1, 1]
+
+
 def test_cpu_server_cli_refuses_non_loopback_bind(capsys):
     assert cpu_server.main(["--host", "10.11.12.13", "--port", "1"]) == 2
     assert "non-loopback" in capsys.readouterr().err

@@ -31,7 +31,9 @@ Engine protocol (duck-typed)::
                      top_p: float, top_k: int, seed: int | None,
                      stop_token_ids: list[int]) -> Iterator[tuple[list[int], dict | None]]:
             # one item per target forward (verify step): the tokens committed by that step (bonus
-            # included) and optional step stats, e.g. {"num_accepted_drafts": 3}.
+            # included) and optional step stats, e.g. {"num_accepted_drafts": 3}. An item with
+            # {"verify": False} (e.g. the token sampled at prefill) adds tokens without a verify step,
+            # as SGLang counts spec_verify_ct.
 
 The server enforces ``max_new_tokens`` and the stop tokens itself (it truncates a step that overshoots
 and closes the generator), so an engine may ignore them. Text <-> ids go through a codec: the default
@@ -139,6 +141,41 @@ class ToyEngine:
             n = min(self.k, max_new_tokens - j)
             yield [self.TEXT[(base + j + i) % len(self.TEXT)] for i in range(n)], {"num_accepted_drafts": n - 1}
             j += n
+
+
+class ResultReplayEngine:
+    """Adapter for a non-streaming decoder that returns its tokens and per-step stats at the end.
+
+    ``fn(input_ids, max_new_tokens=, temperature=, top_p=, top_k=, seed=, stop_token_ids=)`` must return an
+    object with ``tokens`` (generated ids, the prefill token first) and ``steps`` (one per target
+    forward after the prefill, each with ``emitted`` and ``accepted``), such as
+    ``sglang_spec.reference.generate(target, drafter, ...)`` bound with ``functools.partial``. The
+    tokens are then replayed step by step, so counts and acceptance are exact but TTFT/ITL measure the
+    replay, not the decoder: use it for demos and correctness, not for latency numbers.
+    """
+
+    def __init__(self, fn, *, speculative_algorithm: str | None = "DDTREE", num_draft_tokens: int | None = None,
+                 name: str = "reference"):
+        self.fn, self.speculative_algorithm, self.num_draft_tokens, self.name = (
+            fn, speculative_algorithm, num_draft_tokens, name)
+
+    def generate(self, input_ids, *, max_new_tokens, temperature=0.0, top_p=1.0, top_k=-1, seed=None,
+                 stop_token_ids=()):
+        res = self.fn(list(input_ids), max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      top_k=top_k, seed=0 if seed is None else seed, stop_token_ids=list(stop_token_ids))
+        tokens = [int(t) for t in res.tokens]
+        if not tokens:
+            return
+        yield tokens[:1], {"verify": False}
+        pos = 1
+        for st in res.steps:
+            chunk = tokens[pos: pos + int(st.emitted)]
+            if not chunk:
+                break
+            yield chunk, {"num_accepted_drafts": int(st.accepted)}
+            pos += len(chunk)
+        if pos < len(tokens):  # tokens the steps did not account for
+            yield tokens[pos:], {"verify": False}
 
 
 # ----------------------------------------------------------------------------------------------- server
@@ -299,8 +336,11 @@ class CPUServer:
                 toks = [int(t) for t in toks]
                 if not toks:
                     raise RuntimeError("engine step committed no tokens")
-                stats["verify_ct"] += 1
-                accepted = (step_stats or {}).get("num_accepted_drafts", len(toks) - 1)
+                step_stats = step_stats or {}
+                is_verify = step_stats.get("verify", True)  # False: e.g. the prefill's token, not a verify step
+                if is_verify:
+                    stats["verify_ct"] += 1
+                accepted = step_stats.get("num_accepted_drafts", len(toks) - 1)
                 for j, t in enumerate(toks):
                     if t in stops:
                         toks = toks[: j + 1]
@@ -309,13 +349,15 @@ class CPUServer:
                 if len(out) + len(toks) >= mnt and finish is None:
                     toks = toks[: mnt - len(out)]
                     finish = {"type": "length", "length": mnt}
-                accepted = min(int(accepted), len(toks) - 1) if len(toks) >= 1 else 0
-                stats["correct"] += accepted
-                stats["hist"][accepted] += 1
                 out.extend(toks)
+                if is_verify:
+                    accepted = max(0, min(int(accepted), len(toks) - 1))
+                    stats["correct"] += accepted
+                    stats["hist"][accepted] += 1
                 if self.spec_algorithm is not None:
+                    # SGLang: completion tokens / verify steps, so a prefill token counts in the numerator.
                     self.spec_accept_tokens += len(toks)
-                    self.spec_verify_steps += 1
+                    self.spec_verify_steps += int(is_verify)
                 yield out, finish, stats
         finally:
             close = getattr(it, "close", None)
