@@ -229,6 +229,22 @@ def test_sweep_compare_end_to_end(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_duration_mode_and_non_streaming_generate(tmp_path):
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    out = tmp_path / "dur.jsonl"
+    with serve_in_thread(KPerStep(3), model_name="fake-model") as srv:
+        rc = sweep.main(["--base-url", srv.url, "--prompts", str(pf), "--output", str(out), "--no-progress",
+                         "--api", "generate", "--no-stream", "--concurrency", "2", "--duration", "0.3",
+                         "--max-new-tokens", "9", "--warmup", "0"])
+        served = list(srv.server.completed)
+    assert rc == 0
+    (r,) = _levels(out)
+    assert r["num_requests_target"] is None and r["label"] == "FAKE"  # label/algorithm from /server_info
+    assert r["completed"] == len(served) >= 2 and r["failed"] == 0
+    assert r["output_lens"] == [9] * r["completed"] and r["spec_verify_cts"] == [3] * r["completed"]
+    assert all(t == lat for t, lat in zip(r["ttfts"], r["e2e_latencies"]))  # non-streaming: TTFT = latency
+
+
 def test_errors_and_timeouts_are_counted_not_fatal(tmp_path):
     pf = _write_prompts(tmp_path / "p.jsonl", ["ok prompt", "please FAIL", "go SLOW"])
     out = tmp_path / "faults.jsonl"
