@@ -26,7 +26,7 @@ from sglang_spec.tree import (
     merge_sharded_topk,
 )
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ATOL = 2e-4
 
 
@@ -117,11 +117,37 @@ def check_tree(tree: DraftTree, logits: torch.Tensor, budget: int, root_tokens: 
         assert torch.allclose(got, best, atol=ATOL, rtol=1e-5), f"row {b}: scores {got.tolist()} vs oracle {best.tolist()}"
 
 
-def assert_same_tree(a: DraftTree, b: DraftTree) -> None:
+def assert_same_tree(a: DraftTree, b: DraftTree, exact_scores: bool = True) -> None:
     for name in ("tokens", "parents", "depths", "num_nodes"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert torch.equal(a.scores, b.scores)
+    if exact_scores:
+        assert torch.equal(a.scores, b.scores)
+    else:
+        assert torch.allclose(a.scores, b.scores, atol=1e-5)
     assert a.horizon == b.horizon
+
+
+def oracle_topk(x: torch.Tensor, k: int):
+    """Reference top-k per depth: (float64 log-softmax values, ids) ordered by (logq desc, id asc)."""
+    bs, L, V = x.shape
+    vals = torch.empty(bs, L, k, dtype=torch.float64)
+    ids = torch.empty(bs, L, k, dtype=torch.long)
+    for b in range(bs):
+        lq = O.logq64(x[b])
+        for d in range(L):
+            want = sorted(range(V), key=lambda t: (-lq[d, t].item(), t))[:k]
+            ids[b, d] = torch.tensor(want)
+            vals[b, d] = lq[d, want]
+    return vals, ids
+
+
+def assert_topk_equal(logq: torch.Tensor, ids: torch.Tensor, ref_vals: torch.Tensor, ref_ids: torch.Tensor) -> None:
+    assert logq.dtype == torch.float32 and ids.dtype == torch.int64
+    assert tuple(logq.shape) == tuple(ref_vals.shape) and tuple(ids.shape) == tuple(ref_ids.shape)
+    assert torch.equal(ids, ref_ids), (ids, ref_ids)
+    fin = torch.isfinite(ref_vals)
+    assert torch.equal(torch.isfinite(logq), fin)
+    assert torch.allclose(logq[fin].double(), ref_vals[fin], atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------
@@ -135,17 +161,7 @@ def test_draft_topk_matches_full_sort(style, k):
     bs, L, V = 3, 4, 6
     x = make_logits(11 + k, bs, L, V, style)
     logq, ids = draft_topk(x, k)
-    assert tuple(logq.shape) == (bs, L, k) and tuple(ids.shape) == (bs, L, k)
-    assert logq.dtype == torch.float32 and ids.dtype == torch.int64
-    for b in range(bs):
-        lq = O.logq64(x[b])
-        for d in range(L):
-            want = sorted(range(V), key=lambda t: (-lq[d, t].item(), t))[:k]
-            assert ids[b, d].tolist() == want, (style, b, d, ids[b, d].tolist(), want)
-            ref = lq[d, want]
-            fin = torch.isfinite(ref)
-            assert torch.equal(torch.isfinite(logq[b, d]), fin)
-            assert torch.allclose(logq[b, d][fin].double(), ref[fin], atol=1e-5)
+    assert_topk_equal(logq, ids, *oracle_topk(x, k))
 
 
 def test_draft_topk_ties_sorted_by_id():
@@ -195,12 +211,9 @@ def test_merge_sharded_topk_equals_unsharded(tp, style):
     x = make_logits(100 + tp, bs, L, V, style)
     vals, ids, lse = shard_inputs(x, tp, k)
     m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
-    f_logq, f_ids = draft_topk(x, k)
-    assert m_ids.dtype == torch.int64 and m_logq.dtype == torch.float32
-    assert torch.equal(m_ids, f_ids), (m_ids, f_ids)
-    fin = torch.isfinite(f_logq)
-    assert torch.equal(torch.isfinite(m_logq), fin)
-    assert torch.allclose(m_logq[fin], f_logq[fin], atol=1e-5)
+    # the merged result is the unsharded top-k (compared with the reference, not with draft_topk,
+    # so that a draft_topk bug is not reported as a merge bug)
+    assert_topk_equal(m_logq, m_ids, *oracle_topk(x, k))
 
 
 def test_merge_sharded_topk_unsorted_shard_lists():
@@ -210,9 +223,7 @@ def test_merge_sharded_topk_unsorted_shard_lists():
     g = torch.Generator().manual_seed(3)
     vals, ids, lse = shard_inputs(x, 3, k, shuffle_gen=g)
     m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
-    f_logq, f_ids = draft_topk(x, k)
-    assert torch.equal(m_ids, f_ids)
-    assert torch.allclose(m_logq, f_logq, atol=1e-5)
+    assert_topk_equal(m_logq, m_ids, *oracle_topk(x, k))
 
 
 def test_merge_sharded_then_build_equals_build():
@@ -225,7 +236,9 @@ def test_merge_sharded_then_build_equals_build():
     t_merged = build_ddtree_from_topk(m_logq, m_ids, B, roots)
     check_tree(t_merged, x, B, roots, topk_ids=m_ids)
     f_logq, f_ids = draft_topk(x, k)
-    assert_same_tree(t_merged, build_ddtree_from_topk(f_logq, f_ids, B, roots))
+    # merged log-probs may differ from log_softmax in the last bits (vals - lse), so scores
+    # are compared with a tolerance; normal logits have no near-ties that could reorder nodes
+    assert_same_tree(t_merged, build_ddtree_from_topk(f_logq, f_ids, B, roots), exact_scores=False)
 
 
 # ----------------------------------------------------------------------------------------
@@ -421,8 +434,4 @@ def test_merge_property(bs, L, tp, w, k, seed, style):
     x = make_logits(seed, bs, L, V, style)
     vals, ids, lse = shard_inputs(x, tp, k)
     m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
-    f_logq, f_ids = draft_topk(x, k)
-    assert torch.equal(m_ids, f_ids)
-    fin = torch.isfinite(f_logq)
-    assert torch.equal(torch.isfinite(m_logq), fin)
-    assert torch.allclose(m_logq[fin], f_logq[fin], atol=1e-5)
+    assert_topk_equal(m_logq, m_ids, *oracle_topk(x, k))

@@ -22,7 +22,7 @@ from sglang_spec.tree import (
     walk_sample,
 )
 
-SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 P_MIN = 1e-3
 
 
@@ -201,6 +201,13 @@ def test_walk_sample_respects_support():
         for i in range(B + 1):
             q = O.filtered_probs(logits[b, i], 1.0, -1, 0.5)
             assert q[int(res.target_tokens[b, i])] > 0
+    # -inf target logits (e.g. grammar-masked tokens) are never sampled, at any temperature
+    banned = torch.rand(bs, B + 1, V, generator=g) < 0.5
+    banned[..., 0] = False
+    masked = logits.masked_fill(banned, float("-inf"))
+    for T in (0.5, 1.0, 3.0):
+        res = walk_sample(tree, masked, T, generator=g)
+        assert not bool(banned.gather(-1, res.target_tokens[..., None]).any())
 
 
 # ----------------------------------------------------------------------------------------
@@ -252,6 +259,15 @@ def emitted_tokens(tree: DraftTree, res: WalkResult):
     return first, second
 
 
+def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of samples against probs (tokens outside the support -> 0)."""
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    support = probs > 0
+    if float(counts[~support].sum()) > 0:
+        return 0.0
+    return float(chisquare(counts[support].numpy(), (probs[support] * samples.numel()).numpy()).pvalue)
+
+
 def chi2_against(samples: torch.Tensor, probs: torch.Tensor, what: str) -> None:
     n = samples.numel()
     assert n >= 300, f"{what}: only {n} samples"
@@ -289,6 +305,12 @@ def test_walk_sample_chi2_first_and_second_token(flt):
     res = walk_sample(tree, logits, T, top_p=p, top_k=k, generator=torch.Generator().manual_seed(1234))
     first, second = emitted_tokens(tree, res)
     chi2_against(first, O.filtered_probs(x[0], T, k, p), f"first token {flt}")
+    # power check: the same samples must reject the unfiltered T=1 distribution whenever it
+    # differs noticeably (so the χ² test above is not trivially passing)
+    plain = O.filtered_probs(x[0], 1.0, -1, 1.0)
+    want = O.filtered_probs(x[0], T, k, p)
+    if float((plain - want).abs().sum()) > 0.1:
+        assert chi2_pvalue(first, plain) < P_MIN
     # given that the first emitted token is node 1's token (0), the second ~ node 1's target
     sel = first == 0
     chi2_against(second[sel], O.filtered_probs(x[1], T, k, p), f"second token | first=0 {flt}")

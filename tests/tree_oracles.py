@@ -392,24 +392,56 @@ def run_sglang_subprocess(cases: list, tmpdir) -> list:
     return torch.load(out)
 
 
+SGLANG_KERNELS = {
+    # file under site-packages/sglang/          -> Triton kernels taken verbatim from it
+    "kernels/ops/speculative/spec_tree.py": ("sgl_build_tree_kernel_efficient_triton",
+                                              "verify_tree_greedy_kernel_triton"),
+    "kernels/ops/speculative/reconstruct_tree.py": ("_reconstruct_tree_mask_kernel",),
+}
+
+
+def load_sglang_kernels(workdir: str) -> dict:
+    """SGLang's own @triton.jit kernels, loaded without importing the `sglang` package.
+
+    Importing `sglang` costs 10-40 s on the CI machine (and its speculative modules import
+    sgl_kernel at module level on CPU hosts), so the kernel definitions are cut verbatim out of
+    the installed SGLang source files with `ast` and imported from a scratch module (Triton
+    needs a real file to read the source).  The launch wrappers are re-stated below from
+    `sgl_build_tree_kernel_triton`, `verify_tree_greedy_triton` and
+    `reconstruct_indices_from_tree_mask_triton`.
+    """
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")  # top-level: locates without importing
+    root = os.path.dirname(spec.origin)
+    parts = ["import torch", "import triton", "import triton.language as tl", ""]
+    for rel, names in SGLANG_KERNELS.items():
+        src = open(os.path.join(root, rel)).read()
+        tree = ast.parse(src)
+        found = {}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                found[node.name] = "\n".join(src.splitlines()[start - 1: node.end_lineno])
+        missing = set(names) - set(found)
+        assert not missing, f"SGLang source {rel} lacks {missing}"
+        parts.extend(found[n] + "\n\n" for n in names)
+    path = os.path.join(workdir, "sglang_tree_kernels_verbatim.py")
+    with open(path, "w") as fh:
+        fh.write("\n".join(parts))
+    mspec = importlib.util.spec_from_file_location("sglang_tree_kernels_verbatim", path)
+    mod = importlib.util.module_from_spec(mspec)
+    mspec.loader.exec_module(mod)
+    return {n: getattr(mod, n) for names in SGLANG_KERNELS.values() for n in names}
+
+
 def _sglang_main(inp: str, out: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    import types
-
-    # reconstruct_tree.py imports sgl_kernel.speculative at module level on hosts that are not
-    # CUDA/HIP/XPU; we only call its pure-Triton function, so a stub module is enough.
-    if "sgl_kernel" not in sys.modules:
-        sk = types.ModuleType("sgl_kernel")
-        sp = types.ModuleType("sgl_kernel.speculative")
-        sp.reconstruct_indices_from_tree_mask = None
-        sk.speculative = sp
-        sys.modules["sgl_kernel"] = sk
-        sys.modules["sgl_kernel.speculative"] = sp
-    from sglang.kernels.ops.speculative.reconstruct_tree import reconstruct_indices_from_tree_mask_triton
-    from sglang.kernels.ops.speculative.spec_tree import (
-        sgl_build_tree_kernel_triton,
-        verify_tree_greedy_kernel_triton,
-    )
+    kernels = load_sglang_kernels(os.path.dirname(out))
+    build_k = kernels["sgl_build_tree_kernel_efficient_triton"]
+    verify_k = kernels["verify_tree_greedy_kernel_triton"]
+    recon_k = kernels["_reconstruct_tree_mask_kernel"]
 
     cases = torch.load(inp)
     results = []
@@ -422,7 +454,7 @@ def _sglang_main(inp: str, out: str) -> None:
             predicts = torch.full((bs * N,), -7, dtype=torch.int32)
             accept_index = torch.full((bs, D), -1, dtype=torch.int32)
             accept_num = torch.zeros(bs, dtype=torch.int32)
-            verify_tree_greedy_kernel_triton[(bs,)](
+            verify_k[(bs,)](
                 predicts, accept_index, accept_num, cand,
                 c["retrieve_index"].long().contiguous(), c["retrieve_next_token"].long().contiguous(),
                 c["retrieve_next_sibling"].long().contiguous(), c["target_predict"].long().contiguous(),
@@ -435,13 +467,15 @@ def _sglang_main(inp: str, out: str) -> None:
             ri = torch.full((bs * N,), -7, dtype=torch.long)
             nt = torch.full((bs * N,), -7, dtype=torch.long)
             ns = torch.full((bs * N,), -7, dtype=torch.long)
-            reconstruct_indices_from_tree_mask_triton(
-                c["tree_mask"].to(torch.bool).contiguous(), c["seq_lens"].long().contiguous(), pos, ri, nt, ns, bs, N)
+            block_n = 1 << max(0, (N - 1).bit_length())  # sglang.srt.utils.next_power_of_2
+            recon_k[(bs,)](c["tree_mask"].to(torch.bool).contiguous(), c["seq_lens"].long().contiguous(),
+                           pos, ri, nt, ns, N, block_n)
             results.append(dict(positions=pos, retrieve_index=ri.view(bs, N), retrieve_next_token=nt.view(bs, N),
                                 retrieve_next_sibling=ns.view(bs, N)))
         elif kind == "build":
             bs, N, mode = c["bs"], c["N"], c["mode"]
             seq_lens = c["seq_lens"].long().contiguous()
+            # eagle_utils.build_tree_kernel_efficient: the mask starts all True
             if mode == 0:
                 tree_mask = torch.full((int(seq_lens.sum()) * N + N * N * bs,), True, dtype=torch.bool)
             else:
@@ -449,9 +483,14 @@ def _sglang_main(inp: str, out: str) -> None:
             positions = torch.empty(bs * N, dtype=torch.long)
             buf = torch.full((3, bs, N), -1, dtype=torch.long)
             ri, nt, ns = buf
-            sgl_build_tree_kernel_triton(
-                c["parent_list"].long().contiguous(), c["selected_index"].long().contiguous(), seq_lens, tree_mask,
-                positions, ri, nt, ns, c["topk"], c["depth"], N, mode)
+            parent_list = c["parent_list"].long().contiguous()
+            selected_index = c["selected_index"].long().contiguous()
+            seq_len_prefix_sum = torch.cumsum(seq_lens, dim=0) - seq_lens
+            build_k[(bs,)](
+                parent_list, selected_index, seq_lens, seq_len_prefix_sum, tree_mask, positions, ri, nt, ns,
+                topk=c["topk"], depth=c["depth"], draft_token_num=N, tree_mask_mode=int(mode), batch_size=bs,
+                parent_list_stride=parent_list.stride(0), selected_index_stride=selected_index.stride(0),
+            )
             results.append(dict(tree_mask=tree_mask, positions=positions, retrieve_index=ri.clone(),
                                 retrieve_next_token=nt.clone(), retrieve_next_sibling=ns.clone()))
         else:
