@@ -117,9 +117,12 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((_probe_host(host), port)) == 0
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never route loopback via *_proxy
+
+
 def health_ok(url: str, timeout: float = 2.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with _DIRECT.open(url, timeout=timeout) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
