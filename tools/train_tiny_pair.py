@@ -108,7 +108,7 @@ FULL = {
     "log_every": 50, "eval_every": 400, "eval_batches": 4,
 }
 TINY = {
-    "vocab": 512, "seq_len": 64, "tok_max_bytes": 400_000,
+    "vocab": 512, "seq_len": 64, "tok_max_bytes": 200_000,
     "hybrid": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
                    linear_key_head_dim=32, linear_value_head_dim=32),
@@ -118,11 +118,11 @@ TINY = {
                     head_dim=32),
     "hybrid_layer_ids": [1, 3, 5], "qwen3_layer_ids": [0, 2], "block_size": 8,
     "train": {
-        "hybrid": dict(steps=6, bs=4, lr=3e-3, warmup=2, box=60),
-        "mtp": dict(steps=4, bs=4, lr=3e-3, warmup=1, box=60),
-        "hybrid-dflash": dict(steps=4, bs=4, lr=3e-3, warmup=1, box=60, anchors=4),
-        "qwen3": dict(steps=6, bs=4, lr=3e-3, warmup=2, box=60),
-        "qwen3-dflash": dict(steps=4, bs=4, lr=3e-3, warmup=1, box=60, anchors=4),
+        "hybrid": dict(steps=4, bs=4, lr=3e-3, warmup=2, box=60),
+        "mtp": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60),
+        "hybrid-dflash": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60, anchors=4),
+        "qwen3": dict(steps=4, bs=4, lr=3e-3, warmup=2, box=60),
+        "qwen3-dflash": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60, anchors=4),
     },
     "log_every": 2, "eval_every": 1000, "eval_batches": 1,
 }

@@ -1,0 +1,125 @@
+"""End-to-end smoke test of tools/train_tiny_pair.py (--tiny --device cpu): every stage runs, and
+every output reloads (tokenizer, both targets via transformers, the MTP weights under SGLang's
+names, both drafters via DFlashDrafter.from_pretrained). Checks plumbing, not quality."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("train_tiny_pair", os.path.join(ROOT, "tools", "train_tiny_pair.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny_pair"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return _load_tool()
+
+
+@pytest.fixture(scope="module")
+def out(tool, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_pair"))
+    threads = torch.get_num_threads()
+    try:
+        assert tool.main(["--out", d, "--device", "cpu", "--tiny", "--stage", "all"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return d
+
+
+def test_heldout_modules_not_trained(tool):
+    train, val, held = tool.corpus_files()
+    names = {os.path.relpath(p, tool.stdlib_root()) for p in train + val}
+    assert len(held) == len(tool.HELDOUT_MODULES) >= 8
+    assert not names & set(tool.HELDOUT_MODULES)
+    assert not any(part in tool.EXCLUDE_DIRS for n in names for part in n.split(os.sep)[:-1])
+
+
+def test_layout_and_record(out, tool):
+    for sub in ("tokenizer", "hybrid", "hybrid-dflash", "qwen3", "qwen3-dflash"):
+        assert os.path.isdir(os.path.join(out, sub)), sub
+    rec = json.load(open(os.path.join(out, "train_config.json")))
+    assert rec["seed"] == 1234 and rec["heldout_modules"] == tool.HELDOUT_MODULES
+    for stage in tool.COMPONENTS:
+        assert stage in rec["stages"], stage
+    for stage in ("hybrid", "mtp", "hybrid-dflash", "qwen3", "qwen3-dflash"):
+        s = rec["stages"][stage]
+        assert s["steps_run"] == s["steps_planned"] and not s.get("stale")
+        assert all(v == v for v in s["final"].values())  # no NaN
+    assert rec["stages"]["tokenizer"]["versions"]["python"]
+    assert rec["checks"]["total_bytes"] < 20_000_000
+    prompts = [json.loads(line) for line in open(os.path.join(out, "heldout_prompts.jsonl"))]
+    assert 30 <= len(prompts) <= 60
+    assert {p["module"] + ".py" for p in prompts} <= set(tool.HELDOUT_MODULES)
+    assert all(p["prompt"].startswith(("def ", "async def ")) for p in prompts)
+
+
+def test_reload_transformers(out):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "hybrid"))
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    mask = tok.convert_tokens_to_ids("<|MASK|>")
+    assert mask in tok.all_special_ids
+    for kind, cls in (("hybrid", "Qwen3_5ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")):
+        m, info = AutoModelForCausalLM.from_pretrained(os.path.join(out, kind), output_loading_info=True)
+        assert type(m).__name__ == cls and not info["missing_keys"]
+        assert m.config.tie_word_embeddings and m.dtype == torch.bfloat16
+        ids = torch.tensor([tok("def f(x):\n    return x")["input_ids"]])
+        with torch.no_grad():
+            assert torch.isfinite(m(input_ids=ids).logits.float()).all()
+    cfg = json.load(open(os.path.join(out, "hybrid", "config.json")))
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    assert cfg["full_attention_interval"] == 4 and cfg["mtp_num_hidden_layers"] == 1
+
+
+def test_mtp_weights_in_sglang_layout(out, tool):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(out, "hybrid")
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        keys = [k for k in f.keys() if k.startswith("mtp.")]
+        sd = {k[len("mtp."):]: f.get_tensor(k).float() for k in keys}
+    assert {tool.sglang_mtp_name(k) for k in keys} == tool.SGLANG_MTP_PARAMS
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    mtp = tool.Qwen35MTP(target.config)
+    mtp.load_state_dict(sd, strict=True)
+    tool.check_causal(mtp, target.config.hidden_size, torch.device("cpu"))
+    x = torch.randint(4, target.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        lg, tl = tool.mtp_forward(mtp, target, x)
+    assert lg.shape == (1, 11, target.config.vocab_size) and torch.isfinite(lg).all()
+
+
+def test_reload_drafters(out):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_spec.dflash import DFlashDrafter
+
+    for kind in ("hybrid", "qwen3"):
+        target = AutoModelForCausalLM.from_pretrained(os.path.join(out, kind), dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(os.path.join(out, kind))
+        d = DFlashDrafter.from_pretrained(os.path.join(out, f"{kind}-dflash"), target, tokenizer=tok)
+        assert d.mask_token_id == tok.convert_tokens_to_ids("<|MASK|>")
+        assert max(d.target_layer_ids) < target.config.num_hidden_layers - 1
+        x = torch.tensor([tok("def g(a, b):\n    return a + b\n")["input_ids"]])
+        n, B = x.shape[1], d.block_size
+        with torch.no_grad():
+            o = target(input_ids=x, output_hidden_states=True)
+            ctx = d.project_context(d.select_features(o.hidden_states))
+            q = torch.full((1, B), d.mask_token_id)
+            q[0, 0] = o.logits[0, -1].argmax()
+            h = d(q, torch.arange(n, n + B)[None], ctx, torch.arange(n)[None])
+            assert torch.isfinite(d.logits(h)).all()
