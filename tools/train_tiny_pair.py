@@ -52,6 +52,7 @@ import argparse
 import ast
 import copy
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -883,11 +884,13 @@ def versions():
          "stdlib": stdlib_root(), "cuda": torch.version.cuda}
     if torch.cuda.is_available():
         v["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import fla  # noqa: F401  (transformers uses it for Qwen3.5's GDN layers when present)
-        v["flash_linear_attention"] = True
-    except Exception:
-        v["flash_linear_attention"] = False
+    # transformers binds Qwen3.5's GDN / conv to these packages when importable, else to its
+    # reference torch code (see --gdn-kernels)
+    for pkg in ("fla", "causal_conv1d"):
+        try:
+            v[f"{pkg}_importable"] = importlib.util.find_spec(pkg) is not None
+        except (ImportError, ValueError):
+            v[f"{pkg}_importable"] = False
     return v
 
 
@@ -921,11 +924,21 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--distill", choices=["soft", "hard"], default="soft")
     ap.add_argument("--drafter-impl", default="sglang_spec.dflash:DFlashDrafter", help="module:Class")
+    ap.add_argument("--gdn-kernels", choices=["torch", "auto"], default="torch",
+                    help="torch (default): transformers' reference PyTorch GDN/conv paths even if "
+                         "flash-linear-attention / causal-conv1d are installed (no Triton JIT, no version "
+                         "risk); auto: let transformers pick them up")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
 
     stages = parse_stages(args.stage)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.gdn_kernels == "torch" and device.type == "cuda":
+        # transformers resolves these optional packages when modeling_qwen3_5 is first imported
+        # (not yet: models are imported lazily); a None entry makes the import fail -> torch path.
+        for pkg in ("fla", "causal_conv1d"):
+            if pkg not in sys.modules:
+                sys.modules[pkg] = None
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -957,7 +970,7 @@ def main(argv=None):
     record.setdefault("stages", {})
     record.update(script="tools/train_tiny_pair.py", script_version=SCRIPT_VERSION, seed=args.seed,
                   mode="tiny" if args.tiny else "full", heldout_modules=HELDOUT_MODULES, exclude_dirs=EXCLUDE_DIRS,
-                  val_every=VAL_EVERY, sizes={k: S[k] for k in ("vocab", "seq_len", "hybrid", "qwen3", "drafter",
+                  val_every=VAL_EVERY, gdn_kernels=args.gdn_kernels, distill=args.distill, sizes={k: S[k] for k in ("vocab", "seq_len", "hybrid", "qwen3", "drafter",
                                                                   "hybrid_layer_ids", "qwen3_layer_ids", "block_size")})
     ver = versions()
     log(f"stages {stages} on {device}; {ver}")
