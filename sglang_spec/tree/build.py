@@ -50,15 +50,22 @@ def draft_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """Log-softmax values and token ids of the ``k`` best tokens at every depth.
 
     ``draft_logits`` is ``[bs, L, V]``; returns float32 ``logq [bs, L, k]`` and int64 ``ids [bs, L, k]``
-    ordered by (logq descending, id ascending). The top-k runs on the raw logits (the log-softmax
-    is monotone), so only ``[bs, L]`` log-sum-exps are computed over the vocabulary.
+    ordered by (logq descending, id ascending). The selection runs on the raw logits (the
+    log-softmax is monotone), so only ``[bs, L]`` log-sum-exps are computed over the vocabulary.
+    Among tokens tied at the k-th value, the CPU keeps the lowest ids (stable sort); CUDA keeps
+    ``torch.topk``'s choice (deterministic, and a full sort of the vocabulary would cost
+    milliseconds per step). Either choice yields the same scores, hence an equally optimal tree.
     """
     _check_logits(draft_logits)
     V = draft_logits.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"k must be in [1, V={V}]; got {k}")
     logits = draft_logits.float()
-    vals, ids = logits.topk(k, dim=-1)
+    if logits.is_cuda:
+        vals, ids = logits.topk(k, dim=-1)
+    else:  # a stable sort keeps the lowest ids among tokens tied at the k-th value
+        vals, ids = logits.sort(dim=-1, descending=True, stable=True)
+        vals, ids = vals[..., :k], ids[..., :k]
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
     return _canonical_order(vals - lse, ids)
 
@@ -188,3 +195,24 @@ def build_ddtree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Ten
         raise ValueError(f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits")
     logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]))
     return build_ddtree_from_topk(logq, ids, budget, root_tokens)
+
+
+def build_chain(draft_logits: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:
+    """Plain DFlash as a tree: the argmax token of every depth, each the child of the previous one.
+
+    Verifying and walking this chain with the tree code is exactly chain speculative decoding.
+    """
+    _check_logits(draft_logits)
+    bs, L, _ = draft_logits.shape
+    dev = draft_logits.device
+    logq = draft_logits.float().log_softmax(dim=-1)
+    best, tok = logq.max(dim=-1)
+    steps = torch.arange(L + 1, device=dev)
+    return DraftTree(
+        tokens=torch.cat((root_tokens.long()[:, None], tok), dim=1),
+        parents=(steps - 1).expand(bs, L + 1).contiguous(),
+        depths=steps.expand(bs, L + 1).contiguous(),
+        scores=torch.cat((best.new_zeros(bs, 1), best.cumsum(dim=1)), dim=1),
+        num_nodes=torch.full((bs,), L + 1, dtype=torch.long, device=dev),
+        horizon=L,
+    )

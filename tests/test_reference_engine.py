@@ -1,0 +1,186 @@
+"""The reference engine is lossless: DFLASH and DDTREE reproduce AR exactly (greedy) and in distribution (T > 0).
+
+Tiny random targets built from configs with fixed seeds, in float32: transformers' Qwen3 (pure
+attention), Qwen3.5-text and Qwen3-Next (Gated-DeltaNet hybrids, 3 linear : 1 full; Qwen3-Next
+with a mixture-of-experts MLP). A random drafter rarely
+guesses right, so the greedy checks also use a "prophet" drafter that knows the AR continuation and
+ranks it first or second at each depth: that drives deep acceptance, branches off the first child,
+KV compaction of long paths and GDN commits at deep nodes.
+"""
+
+import warnings
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+
+from sglang_spec.dflash import DFlashDrafter
+from sglang_spec.reference import generate
+
+pytestmark = pytest.mark.filterwarnings("ignore::sglang_spec.dflash.DrafterConfigWarning")
+
+V, H, LAYERS = 48, 32, 4
+
+
+def make_target(kind: str, vocab: int = V) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, hidden_size=H, intermediate_size=64, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)
+    linear = dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                  linear_num_value_heads=4, layer_types=["linear_attention"] * 3 + ["full_attention"])
+    if kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif kind == "qwen35":
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, **linear))
+    else:
+        model = Qwen3NextForCausalLM(Qwen3NextConfig(**common, **linear, num_experts=4, num_experts_per_tok=2,
+                                                     moe_intermediate_size=32, shared_expert_intermediate_size=32))
+    with torch.no_grad():  # sharpen the output so greedy decoding is far from argmax ties
+        model.lm_head.weight.mul_(4.0)
+    return model.eval()
+
+
+def make_drafter(target, block_size: int) -> DFlashDrafter:
+    vocab = target.config.vocab_size
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
+           "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": [0, 1, 2]},
+           "num_target_layers": LAYERS, "hidden_size": H, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": vocab,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu"}
+    torch.manual_seed(1)
+    return DFlashDrafter.from_config(cfg, target)
+
+
+class ProphetDrafter:
+    """A DFlash drafter whose per-depth logits rank the AR continuation first, or (30%) second behind a decoy."""
+
+    def __init__(self, drafter: DFlashDrafter, future: list[int], seed: int):
+        self.inner, self.future = drafter, future
+        self.gen = torch.Generator().manual_seed(seed)
+        for name in ("new_cache", "append_context", "select_features", "block_size"):
+            setattr(self, name, getattr(drafter, name))
+
+    def draft_logits(self, cache, bonus_tokens, start_positions):
+        logits = self.inner.draft_logits(cache, bonus_tokens, start_positions)
+        start = int(start_positions[0])
+        for d in range(logits.shape[1]):
+            pos = start + 1 + d
+            if pos < len(self.future):
+                rank = int(torch.rand((), generator=self.gen) < 0.3)  # 30%: a decoy outranks the truth
+                logits[0, d, self.future[pos]] = 50.0 - rank
+                logits[0, d, (self.future[pos] + 1) % logits.shape[-1]] = 50.0 - (1 - rank)
+        return logits
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen35", "qwen3next"])
+def target(request):
+    return make_target(request.param)
+
+
+PROMPTS = [[3, 17, 5, 9, 22, 1], [40, 2, 2, 7], [11, 30, 12, 8, 19, 25, 6, 14, 33, 21]]
+NEW = 24
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_greedy_dflash_and_ddtree_equal_ar(target, block_size):
+    drafter = make_drafter(target, block_size)
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+        assert len(ar.tokens) == NEW and ar.tokens_per_step == 1.0
+        runs = [("dflash", 0)] + [("ddtree", b) for b in (1, 4, 16, 64)]
+        for method, budget in runs:
+            out = generate(target, drafter, ids, method, budget=budget, max_new_tokens=NEW)
+            assert out.tokens == ar.tokens, (method, budget, prompt)
+            width = budget + 1 if method == "ddtree" else block_size
+            assert all(s.verified <= width for s in out.steps)
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_greedy_with_deep_acceptance_equals_ar(target, block_size):
+    drafter = make_drafter(target, block_size)
+    for i, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt])
+        ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+        prophet = ProphetDrafter(drafter, prompt + ar.tokens, seed=i)
+        for method, budget in [("dflash", 0), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64)]:
+            out = generate(target, prophet, ids, method, budget=budget, max_new_tokens=NEW)
+            assert out.tokens == ar.tokens, (method, budget, prompt)
+            if method == "ddtree" and budget == 64:
+                # Decoys outrank the truth 30% of the time: only a tree recovers those depths.
+                assert max(out.depth_histogram) >= block_size - 2, out.depth_histogram
+                assert out.tokens_per_step > 2.0, out.depth_histogram
+        assert sum(s.emitted for s in out.steps) >= NEW - 1
+
+
+def test_stop_tokens_and_stats(target):
+    drafter = make_drafter(target, 8)
+    ids = torch.tensor([PROMPTS[0]])
+    ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+    stop = ar.tokens[5]
+    first = ar.tokens.index(stop)
+    prophet = ProphetDrafter(drafter, PROMPTS[0] + ar.tokens, seed=0)
+    out = generate(target, prophet, ids, "ddtree", budget=16, max_new_tokens=NEW, stop_token_ids=[stop])
+    assert out.tokens == ar.tokens[: first + 1] and out.finish_reason == "stop"
+    assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
+    assert all(s.emitted == s.accepted + 1 for s in out.steps[:-1])
+    assert sum(out.depth_histogram.values()) == len(out.steps)
+
+
+def _exact_ar_marginals(target, prompt, vocab, temperature):
+    """Exact distribution of the 2nd and 3rd generated tokens under AR sampling at ``temperature``."""
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        p1 = (target(ids).logits[0, -1] / temperature).softmax(-1)
+        seqs = torch.cat((ids.expand(vocab, -1), torch.arange(vocab)[:, None]), dim=1)
+        p2_given = (target(seqs).logits[:, -1] / temperature).softmax(-1)  # [t1, t2]
+        joint12 = p1[:, None] * p2_given
+        seqs3 = torch.cat((seqs.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(vocab)[:, None]), dim=1)
+        p3_given = (target(seqs3).logits[:, -1] / temperature).softmax(-1).view(vocab, vocab, vocab)
+        p3 = (joint12[:, :, None] * p3_given).sum((0, 1))
+    return joint12.sum(0), p3
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
+def test_sampling_is_lossless(kind):
+    """At T > 0, DDTREE's 2nd and 3rd tokens follow AR's exact marginals (chi-square over seeds)."""
+    vocab, temperature, n = 8, 1.5, 600
+    target = make_target(kind, vocab)
+    drafter = make_drafter(target, 4)
+    prompt = [1, 5, 2, 7, 3]
+    p2, p3 = _exact_ar_marginals(target, prompt, vocab, temperature)
+    counts2, counts3, deep = torch.zeros(vocab), torch.zeros(vocab), 0
+    for seed in range(n):
+        out = generate(target, drafter, torch.tensor([prompt]), "ddtree", budget=8, max_new_tokens=3,
+                       temperature=temperature, seed=seed)
+        counts2[out.tokens[1]] += 1
+        counts3[out.tokens[2]] += 1
+        deep += out.steps[0].accepted >= 1
+    assert deep > n // 10, "the tree should often accept drafts, else the test exercises only the bonus path"
+    for counts, p in ((counts2, p2), (counts3, p3)):
+        assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3, (counts, p * n)
+
+
+def test_bad_arguments_are_named(target):
+    drafter = make_drafter(target, 4)
+    ids = torch.tensor([PROMPTS[0]])
+    cases = [
+        (dict(method="eagle"), "method must be one of"),
+        (dict(method="ddtree", budget=0), "budget must be an integer >= 1"),
+        (dict(method="ar", max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (dict(method="ar", temperature=-1.0), "temperature"),
+        (dict(method="ar", top_p=0.0), "top_p"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            generate(target, drafter, ids, **kwargs)
+    with pytest.raises(ValueError, match="needs a DFlash drafter"):
+        generate(target, None, ids, "dflash")
+    with pytest.raises(ValueError, match=r"input_ids must be \[1, T\]"):
+        generate(target, drafter, torch.tensor([[1, 2], [3, 4]]), "ar")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # argument checks happen before any decoding
+        with pytest.raises(ValueError):
+            generate(target, drafter, ids, "ddtree", budget=-3)
