@@ -14,6 +14,9 @@ import sys
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench-tree": ("sglang_spec.bench.tree", "time DDTree build / layout / walk against the reference port"),
+    "serve": ("sglang_spec.serving.launch", "start an SGLang server from server_configs/ and wait for /health"),
+    "cpu-server": ("sglang_spec.serving.cpu_server", "CPU demo/test server with SGLang's HTTP API (not a production engine)"),
+    "patch": ("sglang_spec.patching", "apply / check / revert the patch set for the installed SGLang pin"),
 }
 
 
