@@ -5,7 +5,9 @@ the vocabulary top-K (``draft_topk``), the build (``build_ddtree_from_topk``), t
 SGLang's ABI in FULL_MASK mode (``sglang_tree_abi``) and the greedy walk (``walk_greedy``), and the
 reference port's host-side build (which includes its own top-K) and walk
 (``bench/reference_port.py``). "b+l+w" is build + layout + walk (the cost beyond the top-K);
-"ours total" adds the top-K and compares with "ref total". Before timing it checks
+"ours total" adds the top-K and compares with "ref total". On CUDA, "b+l+w graph" is the same
+three stages replayed from one CUDA graph: the GPU time without Python's launch overhead, which is
+what a captured decode step pays; the eager columns include that overhead. Before timing it checks
 that our tree selects the same scores as the reference port and that both walks agree; on CUDA it
 also checks the Triton kernels against the torch implementation. Times are medians, in µs.
 """
@@ -100,6 +102,23 @@ def check(logits, budget, seq_lens, gen) -> None:
     sglang_tree_abi(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
 
 
+def _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats) -> float:
+    """GPU time of build + layout + walk replayed from one CUDA graph (no Python launch overhead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles kernels) off the capture
+        tree = build_ddtree_from_topk(logq, ids, budget, roots)
+        walk_greedy(tree, tgt)
+        sglang_tree_abi(tree, seq_lens, seq_lens_sum=seq_sum)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree = build_ddtree_from_topk(logq, ids, budget, roots)
+        sglang_tree_abi(tree, seq_lens, seq_lens_sum=seq_sum)
+        walk_greedy(tree, tgt)
+    return timer(graph.replay, repeats)
+
+
 def _same_order(tree, ref) -> bool:
     return all(tree.parents[b, : len(r["parents"])].tolist() == r["parents"] for b, r in enumerate(ref))
 
@@ -125,6 +144,8 @@ def run(args) -> int:
           f"seq_len={args.seq_len}, median of {repeats} (µs)")
     cols = ["bs", "B", "topk", "build", "layout+abi", "walk", "b+l+w", "ours total", "ref build", "ref walk", "ref total",
             "ref/ours"]
+    if dev.type == "cuda":
+        cols.insert(7, "b+l+w graph")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for bs in args.bs:
@@ -144,6 +165,8 @@ def run(args) -> int:
             t_walk = timer(lambda: walk_greedy(tree, tgt), repeats)
             ours = t_build + t_layout + t_walk
             row = [bs, budget, t_topk, t_build, t_layout, t_walk, ours, t_topk + ours]
+            if dev.type == "cuda":
+                row.insert(7, _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats))
             if bs <= args.ref_max_bs:
                 ref_trees = reference_build(logits, budget)
                 r_build = timer(lambda: reference_build(logits, budget), max(3, repeats // 10))
