@@ -67,6 +67,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# `python tools/train_tiny_pair.py` puts tools/ (not the repo root) on sys.path; the drafter lives
+# in the repo's sglang_spec package, which need not be pip-installed on the GPU machine.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_REPO, "sglang_spec")) and _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
 SCRIPT_VERSION = 1
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
 CHAT_TEMPLATE = (
