@@ -397,7 +397,8 @@ class Qwen35MTP(nn.Module):
     def forward(self, emb, hidden, position_ids):
         x = torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1)
         x = self.fc(x)
-        pe = self.rotary_emb(x, position_ids)
+        # Qwen3.5's rotary is multimodal (3 position rows); transformers 5.17 needs them explicit.
+        pe = self.rotary_emb(x, position_ids[None].expand(3, -1, -1))
         x = self.layers[0](x, position_embeddings=pe, attention_mask=None, position_ids=position_ids)
         return self.norm(x)
 
