@@ -13,6 +13,7 @@ import sys
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("sglang_spec.demo", "AR vs DFLASH vs DDTREE on the bundled tiny pair (CPU, reference engine)"),
     "bench-tree": ("sglang_spec.bench.tree", "time DDTree build / layout / walk against the reference port"),
     "serve": ("sglang_spec.serving.launch", "start an SGLang server from server_configs/ and wait for /health"),
     "cpu-server": ("sglang_spec.serving.cpu_server", "CPU demo/test server with SGLang's HTTP API (not a production engine)"),
@@ -20,18 +21,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    return "usage: sglang-spec COMMAND [options]   (sglang-spec COMMAND --help)\n\ncommands:\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-spec", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        p.set_defaults(_module=module)
-    # Parse the subcommand name first, then let its module declare its own options.
-    args, rest = parser.parse_known_args(argv)
-    mod = importlib.import_module(args._module)
-    sub_parser = argparse.ArgumentParser(prog=f"sglang-spec {args.command}")
-    mod.add_arguments(sub_parser)
-    return int(mod.run(sub_parser.parse_args(rest)) or 0)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name = argv[0]
+    if name not in SUBCOMMANDS:
+        print(f"sglang-spec: unknown command {name!r}; valid: {', '.join(SUBCOMMANDS)}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, help_text = SUBCOMMANDS[name]
+    mod = importlib.import_module(module)
+    parser = argparse.ArgumentParser(prog=f"sglang-spec {name}", description=help_text)
+    mod.add_arguments(parser)
+    return int(mod.run(parser.parse_args(argv[1:])) or 0)
 
 
 if __name__ == "__main__":

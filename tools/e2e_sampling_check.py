@@ -1,0 +1,67 @@
+"""Do a server's T > 0 samples stay in the target's distribution? (offline, CPU, on ``tools/gpu_e2e.py`` output)
+
+For every server in an ``e2e.json`` it scores each sampled completion under the target itself
+(float32, same temperature): the mean per-token log-probability of a sample is an unbiased estimate
+of the negative entropy rate, so samples drawn exactly from the target at that temperature have the
+same expectation whatever the decoding algorithm. A lossy verifier shows up as a shift (toward
+greedy: higher log-probability; toward the draft: lower). Prints a table with Welch's t against the
+AR server's samples::
+
+    python tools/e2e_sampling_check.py benchmarks/results/e2e_h200/hybrid_eager.json \
+        --target sglang_spec/fixtures/tiny-pair/hybrid --prompts sglang_spec/fixtures/tiny-pair/heldout_prompts.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def sample_logprob(model, prompt_ids: list[int], out_ids: list[int], temperature: float) -> float:
+    ids = torch.tensor([prompt_ids + out_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    lp = logits.log_softmax(-1).gather(-1, torch.tensor(out_ids)[:, None]).squeeze(-1)
+    return float(lp.mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("e2e_json")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--prompts", required=True, help="the JSONL the e2e run used")
+    ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(args.target)
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][: args.num_prompts]
+    prompt_ids = [tok(p).input_ids for p in prompts]
+    scores = {}
+    for server in json.load(open(args.e2e_json)):
+        if not server.get("ok"):
+            continue
+        scores[server["label"]] = [
+            sample_logprob(model, prompt_ids[i % len(prompts)], s["output_ids"], args.temperature)
+            for i, s in enumerate(server["sampled"])
+        ]
+    ar = scores.get("ar")
+    print(f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |")
+    print("|---|---|---|---|---|")
+    for label, xs in scores.items():
+        m, se = statistics.mean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
+        t = "-"
+        if ar is not None and label != "ar":
+            se_ar = statistics.stdev(ar) / math.sqrt(len(ar))
+            t = f"{(m - statistics.mean(ar)) / math.sqrt(se ** 2 + se_ar ** 2):+.2f}"
+        print(f"| {label} | {len(xs)} | {m:.3f} | {se:.3f} | {t} |")
+
+
+if __name__ == "__main__":
+    main()
