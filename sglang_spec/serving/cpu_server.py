@@ -103,7 +103,8 @@ class HFTokenizerCodec:
         msgs = [{"role": m.get("role", "user"), "content": _content_text(m.get("content"))} for m in messages]
         out = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                            **{**self.chat_template_kwargs, **kwargs})
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        # transformers 5 returns a BatchEncoding (a mapping that is not a dict) for tokenize=True
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
 def _content_text(content: Any) -> str:
