@@ -1,0 +1,59 @@
+"""Tokens per verify step: real SGLang (``tools/gpu_e2e.py`` output) vs the reference engine, same prompts.
+
+For every speculative server in an ``e2e.json`` whose method the reference engine has (DFLASH,
+DDTREE<budget>), it decodes the same prompts greedily with ``sglang_spec.reference`` (float32, CPU,
+no stop token, as the e2e requests use ``ignore_eos``) and prints both tokens-per-step figures and
+whether the token ids agree::
+
+    python tools/compare_e2e_reference.py benchmarks/results/e2e_h200/hybrid_eager.json --pair hybrid
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from sglang_spec import demo
+from sglang_spec.reference import generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("e2e_json")
+    ap.add_argument("--pair", choices=sorted(demo.PAIRS), default="hybrid")
+    ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok, target, drafter = demo._load(argparse.Namespace(pair=args.pair, fixtures=demo.FIXTURES))
+    rows = [json.loads(line) for line in (demo.FIXTURES / "heldout_prompts.jsonl").read_text().splitlines()]
+    prompts = [r["prompt"] for r in rows[: args.num_prompts]]
+    print("| server | SGLang tokens/step | reference tokens/step | token ids equal |")
+    print("|---|---|---|---|")
+    for server in json.load(open(args.e2e_json)):
+        m = re.fullmatch(r"(dflash|ddtree)(\d*)(\+graphs)?", server["label"])
+        if not server.get("ok") or m is None:
+            continue
+        method, budget = m.group(1), int(m.group(2) or 0)
+        sg_tokens = sum(g["meta"]["completion_tokens"] for g in server["greedy"])
+        sg_steps = sum(g["meta"]["spec_verify_ct"] for g in server["greedy"])
+        emitted = steps = same = 0
+        for prompt, g in zip(prompts, server["greedy"]):
+            ids = tok(prompt, return_tensors="pt").input_ids
+            res = generate(target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens)
+            emitted += len(res.tokens)
+            steps += len(res.steps)  # like spec_verify_ct, which does not count the prefill forward
+            same += res.tokens == g["output_ids"]
+        print(f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
