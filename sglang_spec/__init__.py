@@ -7,6 +7,11 @@ Subpackages (only :mod:`sglang_spec.plugin` imports ``sglang``):
 - :mod:`sglang_spec.gdn` -- tree-aware Gated-DeltaNet verification state.
 - :mod:`sglang_spec.reference` -- the exact standalone engine on HF Transformers (oracle, CPU demo).
 - :mod:`sglang_spec.plugin` -- the SGLang plugin that registers ``--speculative-algorithm DDTREE``.
+- :mod:`sglang_spec.serving` -- ``sglang-spec serve`` (SGLang from ``server_configs/``) and the CPU
+  demo/test server with SGLang's HTTP API.
+- :mod:`sglang_spec.patching` -- ``sglang-spec patch``: the patch sets under ``patches/``.
+- :mod:`sglang_spec.bench` -- benchmarks that print tables; :mod:`sglang_spec.demo` -- the CPU demo.
+- ``sglang_spec/fixtures/tiny-pair`` -- the trained tiny targets and drafters.
 """
 
 __version__ = "0.1.0"
