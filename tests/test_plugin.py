@@ -299,9 +299,7 @@ def test_local_vocab_logits_drops_padding():
 
 
 def test_sharded_topk_matches_full_vocab():
-    tree = pytest.importorskip("sglang_spec.tree")
-    if not hasattr(tree, "merge_sharded_topk"):
-        pytest.skip("sglang_spec.tree not landed")
+    from sglang_spec import tree
     from sglang_spec.plugin.worker import local_vocab_logits, sharded_topk
 
     torch.manual_seed(0)
@@ -329,9 +327,7 @@ def test_sharded_topk_matches_full_vocab():
 
 
 def test_tree_abi_to_verify_input():
-    tree_mod = pytest.importorskip("sglang_spec.tree")
-    if not hasattr(tree_mod, "sglang_tree_abi"):
-        pytest.skip("sglang_spec.tree not landed")
+    from sglang_spec import tree as tree_mod
     from sglang_spec.plugin.worker import build_verify_input
 
     torch.manual_seed(0)
