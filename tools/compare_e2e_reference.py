@@ -35,8 +35,9 @@ def main() -> None:
         tok, target, drafter = demo._load(argparse.Namespace(pair=args.pair, fixtures=demo.FIXTURES))
     rows = [json.loads(line) for line in (demo.FIXTURES / "heldout_prompts.jsonl").read_text().splitlines()]
     prompts = [r["prompt"] for r in rows[: args.num_prompts]]
-    print("| server | SGLang tokens/step | reference tokens/step | token ids equal |")
-    print("|---|---|---|---|")
+    print("| server | SGLang tokens/step | reference tokens/step | token ids equal | "
+          "verify steps on the equal prompts: SGLang / reference |")
+    print("|---|---|---|---|---|")
     for server in json.load(open(args.e2e_json)):
         m = re.fullmatch(r"(dflash|ddtree)(\d*)(\+graphs)?", server["label"])
         if not server.get("ok") or m is None:
@@ -45,14 +46,18 @@ def main() -> None:
         sg_tokens = sum(g["meta"]["completion_tokens"] for g in server["greedy"])
         sg_steps = sum(g["meta"]["spec_verify_ct"] for g in server["greedy"])
         emitted = steps = same = 0
+        same_steps = [0, 0]
         for prompt, g in zip(prompts, server["greedy"]):
             ids = tok(prompt, return_tensors="pt").input_ids
             res = generate(target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens)
             emitted += len(res.tokens)
             steps += len(res.steps)  # like spec_verify_ct, which does not count the prefill forward
-            same += res.tokens == g["output_ids"]
-        print(f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} |",
-              flush=True)
+            if res.tokens == g["output_ids"]:
+                same += 1
+                same_steps[0] += g["meta"]["spec_verify_ct"]
+                same_steps[1] += len(res.steps)
+        print(f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} | "
+              f"{same_steps[0]} / {same_steps[1]} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ For every server in an ``e2e.json`` it scores each sampled completion under the 
 of the negative entropy rate, so samples drawn exactly from the target at that temperature have the
 same expectation whatever the decoding algorithm. A lossy verifier shows up as a shift (toward
 greedy: higher log-probability; toward the draft: lower). Prints a table with Welch's t against the
-AR server's samples::
+AR server's samples, and, when the run recorded ``--dist-samples``, a chi-square test of each
+server's 2nd-token distribution against AR's::
 
     python tools/e2e_sampling_check.py benchmarks/results/e2e_h200/hybrid_eager.json \
         --target sglang_spec/fixtures/tiny-pair/hybrid --prompts sglang_spec/fixtures/tiny-pair/heldout_prompts.jsonl
@@ -17,6 +18,7 @@ import argparse
 import json
 import math
 import statistics
+from collections import Counter
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,6 +30,34 @@ def sample_logprob(model, prompt_ids: list[int], out_ids: list[int], temperature
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     lp = logits.log_softmax(-1).gather(-1, torch.tensor(out_ids)[:, None]).squeeze(-1)
     return float(lp.mean())
+
+
+def _pair_test(servers) -> None:
+    """Chi-square of each server's 2nd-token distribution against AR's, given the most common 1st token.
+
+    Uses the ``dist_pairs`` that ``tools/gpu_e2e.py --dist-samples N`` records (2-token samples of one
+    prompt with distinct seeds); the 2nd token of a speculative server comes out of a tree verify.
+    """
+    from scipy.stats import chi2_contingency
+
+    pairs = {s["label"]: s["dist_pairs"] for s in servers if s.get("ok") and s.get("dist_pairs")}
+    if "ar" not in pairs:
+        return
+    first = Counter(p[0] for p in pairs["ar"]).most_common(1)[0][0]
+    ar2 = Counter(p[1] for p in pairs["ar"] if p[0] == first)
+    print(f"| server | samples with 1st token {first} | chi-square p-value of the 2nd token vs AR |")
+    print("|---|---|---|")
+    for label, ps in pairs.items():
+        if label == "ar":
+            continue
+        other = Counter(p[1] for p in ps if p[0] == first)
+        keys = sorted(set(ar2) | set(other))
+        common = [k for k in keys if ar2[k] + other[k] >= 10]  # pool rare tokens so expected counts stay >= 5
+        rows = [[ar2[k] for k in common] + [sum(ar2[k] for k in keys if k not in common)],
+                [other[k] for k in common] + [sum(other[k] for k in keys if k not in common)]]
+        if rows[0][-1] + rows[1][-1] == 0:
+            rows = [r[:-1] for r in rows]
+        print(f"| {label} | {sum(other.values())} | {chi2_contingency(rows).pvalue:.3g} |")
 
 
 def main() -> None:
@@ -51,6 +81,7 @@ def main() -> None:
             sample_logprob(model, prompt_ids[i % len(prompts)], s["output_ids"], args.temperature)
             for i, s in enumerate(server["sampled"])
         ]
+    _pair_test(json.load(open(args.e2e_json)))
     ar = scores.get("ar")
     print(f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |")
     print("|---|---|---|---|---|")

@@ -108,6 +108,11 @@ def run_server(label, target, flags, prompts, args, log_dir):
         with cf.ThreadPoolExecutor(8) as ex:
             res["sampled"] = list(ex.map(lambda i: generate(prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
                                          range(args.samples)))
+        if args.dist_samples:  # (1st, 2nd) token pairs of one prompt: the 2nd comes from a verify step
+            with cf.ThreadPoolExecutor(32) as ex:
+                outs = list(ex.map(lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
+                                   range(args.dist_samples)))
+            res["dist_pairs"] = [o["output_ids"] for o in outs]
         try:
             res["server_info_accept"] = call("/server_info")["internal_states"][0].get("avg_spec_accept_length")
         except Exception as e:  # noqa: BLE001
@@ -167,6 +172,10 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--dist-samples", type=int, default=0,
+                    help="also sample this many 2-token completions of the first prompt (T = --dist-temperature) "
+                         "for a distribution test (tools/e2e_sampling_check.py --pairs)")
+    ap.add_argument("--dist-temperature", type=float, default=1.0)
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
     args = ap.parse_args()
