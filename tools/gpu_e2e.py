@@ -7,6 +7,8 @@ Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
 It installs this package into the kit's site (so SGLang's plugin entry point finds DDTREE), then for
 each server spec launches ``python -m sglang.launch_server``, waits for ``/health``, sends greedy
 requests one by one and then concurrently, plus sampled requests (T > 0), and stops the server.
+With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) and writes the
+comparison report and plots (``loadtests.compare``) under ``<out>/report``.
 It writes ``e2e.json`` (texts, token ids, meta_info per request) and prints a table: for every
 server, whether its greedy output is identical to the AR server's, tokens per verify step
 (``completion_tokens / spec_verify_ct``), the acceptance histogram, and the wall time. Without
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import glob
 import json
 import os
 import signal
@@ -113,6 +116,14 @@ def run_server(label, target, flags, prompts, args, log_dir):
                 outs = list(ex.map(lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
                                    range(args.dist_samples)))
             res["dist_pairs"] = [o["output_ids"] for o in outs]
+        if args.sweep:  # closed-loop load test of this server (loadtests/), one JSONL per server
+            os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
+            subprocess.run([PY, "-m", "loadtests.sweep", "--base-url", f"http://127.0.0.1:{PORT}", "--api", "generate",
+                            "--prompts", args.prompts or "heldout", "--concurrency", args.sweep,
+                            "--requests-per-concurrency", "4", "--min-requests", "8", "--max-new-tokens", "128",
+                            "--ignore-eos", "--label", label, "--no-progress",
+                            "--output", os.path.join(args.out, "sweeps", f"{label.replace('+', '_')}.jsonl")],
+                           check=True)
         try:
             res["server_info_accept"] = call("/server_info")["internal_states"][0].get("avg_spec_accept_length")
         except Exception as e:  # noqa: BLE001
@@ -176,6 +187,9 @@ def main():
                     help="also sample this many 2-token completions of the first prompt (T = --dist-temperature) "
                          "for a distribution test (tools/e2e_sampling_check.py --pairs)")
     ap.add_argument("--dist-temperature", type=float, default=1.0)
+    ap.add_argument("--sweep", default="", metavar="C_LIST",
+                    help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
+                         "server, then write <out>/report (python -m loadtests.compare)")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
     args = ap.parse_args()
@@ -203,6 +217,9 @@ def main():
                                   args.out))
         json.dump(results, open(os.path.join(args.out, "e2e.json"), "w"), indent=1)
     summarize(results)
+    if args.sweep:
+        sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))
+        subprocess.run([PY, "-m", "loadtests.compare", *sweeps, "-o", os.path.join(args.out, "report")], check=False)
 
 
 if __name__ == "__main__":
