@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from loadtests.prompts import load_prompts
 from sglang_spec.dflash import DFlashDrafter, DrafterConfigWarning
 from sglang_spec.reference import generate
 
@@ -43,6 +44,7 @@ def test_fixtures_are_small_and_complete():
         keys = list(f.keys())
     assert any(k.startswith("mtp.") for k in keys), "the hybrid target must carry its MTP head for NEXTN"
     assert len(PROMPTS) >= 30 and len(set(PROMPTS)) == len(PROMPTS)
+    assert load_prompts("heldout") == PROMPTS  # the load generator's "heldout" set is this file
 
 
 def test_pair_loads_offline(pair):
