@@ -20,6 +20,8 @@ from pathlib import Path
 
 from sglang_spec.patching import udiff
 
+from sglang_spec.paths import shipped_dir
+
 MANIFEST = "manifest.json"
 
 ORIGINAL, PATCHED, MODIFIED, MISSING = "original", "patched", "modified", "missing"
@@ -105,7 +107,7 @@ def default_patches_dir() -> Path:
     env = os.environ.get("SGLANG_SPEC_PATCHES_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "patches"
+    return shipped_dir("patches")
 
 
 def supported_versions(patches_dir: Path) -> list[str]:

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Where the repository's configs live (``<repo>/server_configs``), used to resolve bare names.
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "server_configs"
+from sglang_spec.paths import shipped_dir
+
+# Where the configs live (``<repo>/server_configs``, or inside an installed wheel), to resolve bare names.
+CONFIG_DIR = shipped_dir("server_configs")
 
 KNOWN_ALGORITHMS = ("AR", "NEXTN", "EAGLE3", "DFLASH", "DDTREE")
 _RESERVED_ARGS = ("host", "port")
