@@ -233,6 +233,15 @@ def test_refusals(loaded, models, extra, kw, msg):
         _resolve(models, *extra, **kw)
 
 
+def test_small_width_needs_the_reserve_patch(loaded, models, monkeypatch):
+    monkeypatch.setattr(P, "reserve_patch_applied", lambda: False)
+    with pytest.raises(ValueError, match="sglang-spec patch apply"):
+        _resolve(models, "--speculative-num-draft-tokens", "3")
+    monkeypatch.setattr(P, "reserve_patch_applied", lambda: True)
+    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "3")
+    assert cfg.speculative_num_draft_tokens == 3 and cfg.speculative_dflash_block_size == 8
+
+
 def test_bad_topk_env(loaded, models, monkeypatch):
     monkeypatch.setenv(P.ENV_TOPK, "99")
     with pytest.raises(ValueError, match="out of range"):

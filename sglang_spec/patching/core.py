@@ -312,6 +312,12 @@ def _state_lines(st: TreeState, ps: PatchSet) -> list[str]:
             for rel in sorted(ps.files)]
 
 
+def installed_state(sglang_dir: str | None = None, patches_dir: Path | None = None) -> str:
+    """Overall patch state (``applied`` / ``not applied`` / ...) of the sglang this Python imports."""
+    tree, ps, _ = _prepare(sglang_dir, patches_dir)
+    return inspect_state(tree, ps).overall
+
+
 def check(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Result:
     tree, ps, lines = _prepare(sglang_dir, patches_dir)
     st = inspect_state(tree, ps)

@@ -140,6 +140,16 @@ def _load_drafter_block_size(cfg: Any) -> Optional[int]:
 # --------------------------------------------------------------------------
 
 
+
+def reserve_patch_applied() -> bool:
+    """True when ``sglang-spec patch apply`` patched the installed SGLang (it lifts the 2N >= block limit)."""
+    from sglang_spec.patching.core import APPLIED, PatchingError, installed_state
+
+    try:
+        return installed_state() == APPLIED
+    except PatchingError:
+        return False
+
 def handle_server_args(server_args: Any) -> None:
     """Validate and resolve DDTREE settings; declare the resolved values.
 
@@ -206,15 +216,15 @@ def handle_server_args(server_args: Any) -> None:
             f"DDTREE verify width {width} (budget {budget}) exceeds the tree kernels' "
             f"limit of {MAX_VERIFY_WIDTH} tokens (budget <= {MAX_VERIFY_WIDTH - 1})."
         )
-    if 2 * width < block:
+    if 2 * width < block and not reserve_patch_applied():
         # dflash_info_v2.py:142-147 reserves 2*speculative_num_draft_tokens KV
         # slots per request, but the draft block writes `block` of them.
         raise DDTreeConfigError(
             f"DDTREE verify width {width} is too small for drafter block size {block}: "
             "SGLang 0.5.23 reserves 2*speculative_num_draft_tokens KV slots per request "
             "per decode step (dflash_info_v2.py:147) and the draft block needs "
-            f"{block}; use --speculative-num-draft-tokens >= {(block + 1) // 2} "
-            "(or apply the DDTREE reserve patch, docs/plugin-design.md P3)."
+            f"{block}; use --speculative-num-draft-tokens >= {(block + 1) // 2}, or run "
+            "`sglang-spec patch apply` (patches/0.5.23/0001, docs/plugin-design.md P3)."
         )
     k = parse_topk_env(budget)
 

@@ -48,11 +48,8 @@ logger = logging.getLogger("sglang_spec.plugin")
 
 # Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
-REQUIRED_PATCHES = (
-    "P1 spec_utils.spec_need_hidden_states: treat DDTREE like DFLASH",
-    "P2 metrics_reporter._SPEC_DECODE_SNAPSHOT_ALGORITHMS / string checks: include DDTREE",
-    "P3 dflash_info_v2.DFlashDraftInputV2.prepare_for_decode: reserve 2*max(block, width)",
-)
+# Optional: needed only for a verify width below half the drafter block (patches/README.md).
+REQUIRED_PATCHES = ("patches/0.5.23/0001 (P3) dflash_info_v2 reserve 2*max(block, width): only if 2*width < block",)
 
 
 @dataclass
