@@ -115,20 +115,26 @@ def cut_source(rel: str, names) -> dict:
     return found
 
 
-def load_gdn_kernels(workdir: str):
-    """Scratch module holding the verbatim SGLang code listed in ``SGLANG_GDN_SOURCES``."""
-    parts = [_PRELUDE]
-    for rel, names in SGLANG_GDN_SOURCES.items():
+def load_verbatim(sources: dict, prelude: str, workdir: str, name: str):
+    """Scratch module ``name`` (written in ``workdir``: Triton reads kernel source from a real file)
+    holding ``prelude`` and, verbatim, the SGLang code ``sources`` lists ({file under sglang/: names})."""
+    parts = [prelude]
+    for rel, names in sources.items():
         found = cut_source(rel, names)
         parts.append(f"# ---- verbatim from sglang/{rel}")
         parts.extend(found[n] + "\n\n" for n in names)
-    path = os.path.join(workdir, "sglang_gdn_kernels_verbatim.py")
+    path = os.path.join(workdir, f"{name}.py")
     with open(path, "w") as fh:
         fh.write("\n".join(parts))
-    spec = importlib.util.spec_from_file_location("sglang_gdn_kernels_verbatim", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_gdn_kernels(workdir: str):
+    """Scratch module holding the verbatim SGLang code listed in ``SGLANG_GDN_SOURCES``."""
+    return load_verbatim(SGLANG_GDN_SOURCES, _PRELUDE, workdir, "sglang_gdn_kernels_verbatim")
 
 
 def _scatter(mod, dst, src, dst_indices, steps, conv: bool) -> None:

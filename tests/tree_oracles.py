@@ -405,34 +405,15 @@ def load_sglang_kernels(workdir: str) -> dict:
 
     Importing `sglang` costs 10-40 s on the CI machine (and its speculative modules import
     sgl_kernel at module level on CPU hosts), so the kernel definitions are cut verbatim out of
-    the installed SGLang source files with `ast` and imported from a scratch module (Triton
-    needs a real file to read the source).  The launch wrappers are re-stated below from
+    the installed SGLang source files with `ast` (tests/sglang_kernel_gdn.py:load_verbatim) and
+    imported from a scratch module.  The launch wrappers are re-stated below from
     `sgl_build_tree_kernel_triton`, `verify_tree_greedy_triton` and
     `reconstruct_indices_from_tree_mask_triton`.
     """
-    import ast
-    import importlib.util
+    from sglang_kernel_gdn import load_verbatim
 
-    spec = importlib.util.find_spec("sglang")  # top-level: locates without importing
-    root = os.path.dirname(spec.origin)
-    parts = ["import torch", "import triton", "import triton.language as tl", ""]
-    for rel, names in SGLANG_KERNELS.items():
-        src = open(os.path.join(root, rel)).read()
-        tree = ast.parse(src)
-        found = {}
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name in names:
-                start = min([d.lineno for d in node.decorator_list] + [node.lineno])
-                found[node.name] = "\n".join(src.splitlines()[start - 1: node.end_lineno])
-        missing = set(names) - set(found)
-        assert not missing, f"SGLang source {rel} lacks {missing}"
-        parts.extend(found[n] + "\n\n" for n in names)
-    path = os.path.join(workdir, "sglang_tree_kernels_verbatim.py")
-    with open(path, "w") as fh:
-        fh.write("\n".join(parts))
-    mspec = importlib.util.spec_from_file_location("sglang_tree_kernels_verbatim", path)
-    mod = importlib.util.module_from_spec(mspec)
-    mspec.loader.exec_module(mod)
+    prelude = "import torch\nimport triton\nimport triton.language as tl\n"
+    mod = load_verbatim(SGLANG_KERNELS, prelude, workdir, "sglang_tree_kernels_verbatim")
     return {n: getattr(mod, n) for names in SGLANG_KERNELS.values() for n in names}
 
 
