@@ -9,7 +9,7 @@ import json
 from importlib.metadata import entry_points
 
 import pytest
-import sglang  # the CPU test environment installs sglang 0.5.23 (requirements-cpu.txt); never skip
+import sglang  # noqa: F401  the CPU test environment installs sglang 0.5.23 (requirements-cpu.txt); never skip
 import torch
 
 from sglang_spec import plugin as P

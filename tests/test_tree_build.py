@@ -14,10 +14,11 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tree_oracles as O
+from tree_testing import SETTINGS
 from sglang_spec.tree import (
     DraftTree,
     build_ddtree,
@@ -26,7 +27,6 @@ from sglang_spec.tree import (
     merge_sharded_topk,
 )
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ATOL = 2e-4
 
 

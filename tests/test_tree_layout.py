@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tree_oracles as O
+from tree_testing import SETTINGS, fields, make_tree
 from sglang_spec.tree import (
-    DraftTree,
     TreeMaskMode,
     ancestor_mask,
     build_ddtree,
@@ -28,18 +28,7 @@ from sglang_spec.tree import (
     walk_greedy,
 )
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODES = [TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING]
-
-
-def make_tree(f: dict, L: int) -> DraftTree:
-    return DraftTree(tokens=f["tokens"], parents=f["parents"], depths=f["depths"], scores=f["scores"],
-                     num_nodes=f["num_nodes"], horizon=L)
-
-
-def fields(tree: DraftTree) -> dict:
-    return dict(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
-                num_nodes=tree.num_nodes)
 
 
 def random_case(seed: int, bs: int, B: int, L: int, V: int, full: bool = False):

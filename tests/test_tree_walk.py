@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 import tree_oracles as O
+from tree_testing import SETTINGS, fields, make_tree
 from sglang_spec.tree import (
     DraftTree,
     TreeMaskMode,
@@ -22,18 +23,7 @@ from sglang_spec.tree import (
     walk_sample,
 )
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 P_MIN = 1e-3
-
-
-def make_tree(f: dict, L: int) -> DraftTree:
-    return DraftTree(tokens=f["tokens"], parents=f["parents"], depths=f["depths"], scores=f["scores"],
-                     num_nodes=f["num_nodes"], horizon=L)
-
-
-def fields(tree: DraftTree) -> dict:
-    return dict(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
-                num_nodes=tree.num_nodes)
 
 
 def check_walk(res: WalkResult, f: dict, target_tokens: torch.Tensor, L: int) -> None:

@@ -14,7 +14,6 @@ import argparse
 import json
 import re
 import warnings
-from pathlib import Path
 
 import torch
 

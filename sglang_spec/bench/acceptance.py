@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 
-from sglang_spec.demo import FIXTURES, PAIRS
+from sglang_spec.demo import FIXTURES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
