@@ -325,23 +325,28 @@ def check(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Res
     return Result(0 if st.overall == APPLIED else 1, lines)
 
 
+def _originals(st: TreeState, ps: PatchSet, verb: str, lines: list[str]) -> dict[str, bytes]:
+    """The release's original bytes of every touched file, rebuilt in memory (patched files are
+    reverted) and checked against the manifest; refuses a tree someone else modified."""
+    if st.overall == FOREIGN:
+        raise PatchingError("\n".join(
+            lines + [f"refusing to {verb}: files differ from both the original and the patched "
+                     "release (sha256 mismatch); nothing was changed"] + _state_lines(st, ps)))
+    patched_now = {rel for rel, s in st.per_file.items() if s == PATCHED}
+    originals = reverted_contents(ps, st.contents, only=patched_now)
+    for rel, h in ps.files.items():
+        if sha256(originals[rel]) != h["original_sha256"]:
+            raise PatchingError(f"reverted {rel} does not match the original hash; nothing was changed")
+    return originals
+
+
 def apply(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Result:
     tree, ps, lines = _prepare(sglang_dir, patches_dir)
     st = inspect_state(tree, ps)
     if st.overall == APPLIED:
         return Result(0, lines + ["already applied; nothing to do"])
-    if st.overall == FOREIGN:
-        raise PatchingError("\n".join(
-            lines + ["refusing to apply: files differ from both the original and the patched "
-                     "release (sha256 mismatch); nothing was changed"] + _state_lines(st, ps)))
-    # Rebuild the full original set (patched files are reverted in memory) so the whole
-    # series applies from a known base, then keep only files whose bytes change.
-    patched_now = {rel for rel, s in st.per_file.items() if s == PATCHED}
-    originals = reverted_contents(ps, st.contents, only=patched_now)
-    for rel, h in ps.files.items():
-        if sha256(originals[rel]) != h["original_sha256"]:
-            raise PatchingError(f"internal: cannot reconstruct original of {rel}; nothing was changed")
-    new = patched_contents(ps, originals)
+    # The whole series applies from the original base; only files whose bytes change are written.
+    new = patched_contents(ps, _originals(st, ps, "apply", lines))
     for rel, h in ps.files.items():
         if sha256(new[rel]) != h["patched_sha256"]:
             raise PatchingError(f"patched {rel} does not match the manifest hash; nothing was changed")
@@ -359,16 +364,7 @@ def revert(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Re
     st = inspect_state(tree, ps)
     if st.overall == NOT_APPLIED:
         return Result(0, lines + ["not applied; nothing to revert"])
-    if st.overall == FOREIGN:
-        raise PatchingError("\n".join(
-            lines + ["refusing to revert: files differ from both the original and the patched "
-                     "release (sha256 mismatch); nothing was changed"] + _state_lines(st, ps)))
-    patched_now = {rel for rel, s in st.per_file.items() if s == PATCHED}
-    originals = reverted_contents(ps, st.contents, only=patched_now)
-    for rel, h in ps.files.items():
-        if sha256(originals[rel]) != h["original_sha256"]:
-            raise PatchingError(f"reverted {rel} does not match the original hash; nothing was changed")
-    changed = write_all(tree, st.contents, originals)
+    changed = write_all(tree, st.contents, _originals(st, ps, "revert", lines))
     lines.append(f"reverted {len(ps.series)} patch(es); restored {len(changed)} file(s):")
     lines += [f"  {rel}  -> {ps.files[rel]['original_sha256'][:12]}" for rel in changed]
     return Result(0, lines)
