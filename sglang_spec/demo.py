@@ -38,16 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
 
 
-def _load(args):
+def load_pair(pair: str = "hybrid", fixtures: Path = FIXTURES):
+    """(tokenizer, float32 target, DFlash drafter) of a bundled pair, loaded offline."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglang_spec.dflash import DFlashDrafter, DrafterConfigWarning
 
-    target_dir, drafter_dir = (args.fixtures / name for name in PAIRS[args.pair])
+    if pair not in PAIRS:
+        raise ValueError(f"pair must be one of {sorted(PAIRS)}; got {pair!r}")
+    fixtures = Path(fixtures)
+    target_dir, drafter_dir = (fixtures / name for name in PAIRS[pair])
     for path in (target_dir, drafter_dir):
         if not (path / "config.json").is_file():
-            raise SystemExit(f"no model at {path}: --fixtures must hold {', '.join(PAIRS[args.pair])}/")
+            raise SystemExit(f"no model at {path}: --fixtures must hold {', '.join(PAIRS[pair])}/")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     with warnings.catch_warnings():
@@ -57,13 +61,14 @@ def _load(args):
     return tokenizer, target, drafter
 
 
-def _prompts(args) -> list[str]:
-    if args.prompt:
-        return args.prompt
-    path = args.fixtures / "heldout_prompts.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    step = max(1, len(rows) // max(1, args.num_prompts))  # spread over the held-out modules
-    return [r["prompt"] for r in rows[::step][: args.num_prompts]]
+def heldout_prompts(num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True) -> list[str]:
+    """The held-out prompts: ``num`` of them spread over the held-out modules (or the first ``num``)."""
+    path = Path(fixtures) / "heldout_prompts.jsonl"
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    if num is None:
+        return prompts
+    step = max(1, len(prompts) // max(1, num)) if spread else 1
+    return prompts[::step][:num]
 
 
 def run(args) -> int:
@@ -79,8 +84,8 @@ def run(args) -> int:
         raise SystemExit(f"--budget must be >= 1; got {args.budget}")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    tokenizer, target, drafter = _load(args)
-    prompts = _prompts(args)
+    tokenizer, target, drafter = load_pair(args.pair, args.fixtures)
+    prompts = args.prompt or heldout_prompts(args.num_prompts, args.fixtures)
     print(f"loaded the {args.pair} pair from {args.fixtures} in {time.perf_counter() - t0:.1f}s "
           f"(drafter block {drafter.block_size}); {len(prompts)} prompt(s), {args.max_new_tokens} new tokens, "
           f"T={args.temperature}", flush=True)

@@ -11,13 +11,12 @@ import json
 from loadtests import compare, sweep
 from sglang_spec.serving.cpu_server import HFTokenizerCodec, serve_in_thread
 from sglang_spec.serving.reference_engine import make
-from sglang_spec.demo import FIXTURES
+from sglang_spec.demo import FIXTURES, heldout_prompts
 
 
 def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    rows = [json.loads(line) for line in (FIXTURES / "heldout_prompts.jsonl").read_text().splitlines()][::9][:4]
-    prompts.write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in rows))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in heldout_prompts(4)))
     codec = HFTokenizerCodec(str(FIXTURES / "hybrid"))
     files, texts = [], {}
     for label, method in (("AR", "ar"), ("DDTREE-64", "ddtree")):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import warnings
 
 import torch
 
@@ -29,11 +28,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok, target, drafter = demo._load(argparse.Namespace(pair=args.pair, fixtures=demo.FIXTURES))
-    rows = [json.loads(line) for line in (demo.FIXTURES / "heldout_prompts.jsonl").read_text().splitlines()]
-    prompts = [r["prompt"] for r in rows[: args.num_prompts]]
+    tok, target, drafter = demo.load_pair(args.pair)
+    prompts = demo.heldout_prompts(args.num_prompts, spread=False)  # the order tools/gpu_e2e.py used
     print("| server | SGLang tokens/step | reference tokens/step | token ids equal | "
           "verify steps on the equal prompts: SGLang / reference |")
     print("|---|---|---|---|---|")

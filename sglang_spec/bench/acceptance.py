@@ -34,9 +34,8 @@ def run(args) -> int:
     torch.set_num_threads(1)
     rows = []
     for pair in args.pairs.split(","):
-        ns = argparse.Namespace(pair=pair, fixtures=demo.Path(args.fixtures), prompt=None, num_prompts=args.num_prompts)
-        tokenizer, target, drafter = demo._load(ns)
-        prompts = demo._prompts(ns)
+        tokenizer, target, drafter = demo.load_pair(pair, args.fixtures)
+        prompts = demo.heldout_prompts(args.num_prompts, args.fixtures)
         runs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in args.budgets]
         ar_tokens = []
         for method, budget in runs:

@@ -9,11 +9,7 @@ speculative decoding. Decoding happens per request, then its steps are replayed 
 
 from __future__ import annotations
 
-import argparse
-import warnings
-from pathlib import Path
-
-from sglang_spec.demo import FIXTURES, PAIRS
+from sglang_spec.demo import FIXTURES
 from sglang_spec.serving.cpu_server import ResultReplayEngine
 
 
@@ -27,13 +23,9 @@ def make(pair: str = "hybrid", method: str = "ddtree", budget: str | int = 64, f
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    if pair not in PAIRS:
-        raise ValueError(f"pair must be one of {sorted(PAIRS)}; got {pair!r}")
     budget = int(budget)
     torch.set_num_threads(int(threads))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, target, drafter = demo._load(argparse.Namespace(pair=pair, fixtures=Path(fixtures or FIXTURES)))
+    _, target, drafter = demo.load_pair(pair, fixtures or FIXTURES)
     width = {"ar": None, "dflash": drafter.block_size, "ddtree": budget + 1}[method]
 
     def decode(input_ids, **sampling):
