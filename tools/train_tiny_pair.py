@@ -101,8 +101,8 @@ FULL = {
                    linear_key_head_dim=64, linear_value_head_dim=64),
     "qwen3": dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64),
-    "drafter": dict(num_hidden_layers=1, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=64),
+    "drafter": {k: dict(num_hidden_layers=1, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=64) for k in ("hybrid", "qwen3")},
     "hybrid_layer_ids": [1, 3, 5], "qwen3_layer_ids": [0, 2], "block_size": 16,
     # per training: steps, batch size, peak LR, warm-up steps, time box (s)
     "train": {
@@ -121,8 +121,8 @@ TINY = {
                    linear_key_head_dim=32, linear_value_head_dim=32),
     "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=32),
-    "drafter": dict(num_hidden_layers=1, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                    head_dim=32),
+    "drafter": {k: dict(num_hidden_layers=1, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=32) for k in ("hybrid", "qwen3")},
     "hybrid_layer_ids": [1, 3, 5], "qwen3_layer_ids": [0, 2], "block_size": 8,
     "train": {
         "hybrid": dict(steps=4, bs=4, lr=3e-3, warmup=2, box=60),
@@ -427,8 +427,8 @@ def check_causal(mtp, H, device):
     assert not torch.allclose(a[:, 4:].float(), b[:, 4:].float()), "MTP layer ignores its input"
 
 
-def drafter_cfg(S, target_cfg, layer_ids, mask_id, vocab):
-    d = S["drafter"]
+def drafter_cfg(S, kind, target_cfg, layer_ids, mask_id, vocab):
+    d = S["drafter"][kind]
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": S["block_size"],
         "dflash_config": {"mask_token_id": mask_id, "mask_token": "<|MASK|>", "target_layer_ids": list(layer_ids)},
@@ -462,8 +462,9 @@ def make_optimizer(params, lr, device):
 def train_loop(name, params, step_fn, hp, device, S, eval_fn=None):
     """Run ``hp['steps']`` AdamW steps of step_fn(step) -> (loss, metrics dict of tensors).
 
-    Cosine LR to 10% after linear warm-up. After warm-up (steps 10..30) the step rate is measured
-    and, if the steps would not fit the time box, the step count is cut to fit (recorded)."""
+    Cosine LR to 10% after linear warm-up. The step rate is measured over steps 10..30 and again over
+    100..300 (other jobs sharing the GPU may start late); whenever the steps would not fit the time
+    box, the step count is cut to fit (recorded)."""
     opt = make_optimizer(params, hp["lr"], device)
     trainable = [p for _, p in params if p.requires_grad]
     total, warm = hp["steps"], hp["warmup"]
@@ -477,8 +478,8 @@ def train_loop(name, params, step_fn, hp, device, S, eval_fn=None):
         return hp["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog)))
 
     t_start = time.time()
-    t_cal = None
-    cal_a, cal_b = 10, 30
+    t_cal = {}
+    windows = {30: 10, 300: 100}  # calibration end step -> start step
     step = 0
     acc = {}
     n_acc = 0
@@ -495,17 +496,18 @@ def train_loop(name, params, step_fn, hp, device, S, eval_fn=None):
         for k, v in metrics.items():
             acc[k] = acc.get(k, 0) + v.float()
         n_acc += 1
-        if step == cal_a:
+        if step in windows.values():
             sync(device)
-            t_cal = time.time()
-        if step == cal_b and total > cal_b:
+            t_cal[step] = time.time()
+        if step in windows and total > step:
             sync(device)
-            rate = (cal_b - cal_a) / (time.time() - t_cal)
+            rate = (step - windows[step]) / (time.time() - t_cal[windows[step]])
             elapsed = time.time() - t_start
             eta = (total - step) / rate
-            log(f"{name}: {rate:.2f} steps/s after warm-up; ETA {eta:.0f}s for {total} steps (box {box:.0f}s)")
+            log(f"{name}: {rate:.2f} steps/s over steps {windows[step]}..{step}; ETA {eta:.0f}s for {total} "
+                f"steps (box {box:.0f}s)")
             if elapsed + eta > box:
-                new_total = max(cal_b + 1, int(cal_b + (box - elapsed) * rate * 0.95))
+                new_total = max(step + 1, int(step + (box - elapsed) * rate * 0.95))
                 log(f"{name}: WARNING shrinking steps {total} -> {new_total} to fit the {box:.0f}s box")
                 total, rec["shrunk"] = new_total, True
         if step % S["log_every"] == 0 or step == total:
@@ -654,7 +656,7 @@ def run_dflash(kind, S, ids, vocab, data, device, out, seed, hp, args, tok_hf):
     tdtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = load_target(os.path.join(out, kind), device, tdtype)
     layer_ids = S["hybrid_layer_ids"] if kind == "hybrid" else S["qwen3_layer_ids"]
-    cfg = drafter_cfg(S, target.config, layer_ids, ids["<|MASK|>"], vocab)
+    cfg = drafter_cfg(S, kind, target.config, layer_ids, ids["<|MASK|>"], vocab)
     Drafter = drafter_class(args.drafter_impl)
     drafter = Drafter.from_config(cfg, target, dtype=torch.float32, tokenizer=tok_hf)
     drafter.train()
@@ -916,6 +918,25 @@ def parse_stages(s):
     return [c for c in COMPONENTS if c in parts]
 
 
+def apply_override(S: dict, item: str) -> None:
+    """``a.b.c=JSON`` -> S["a"]["b"]["c"] = value; the key must already exist (no typos slip through)."""
+    path, sep, raw = item.partition("=")
+    if not sep or not path:
+        raise SystemExit(f"--set {item!r}: expected PATH=JSON, e.g. drafter.num_hidden_layers=2")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise SystemExit(f"--set {item!r}: {raw!r} is not JSON (numbers, [lists], \"strings\")") from None
+    node, keys = S, path.split(".")
+    for i, k in enumerate(keys):
+        if not isinstance(node, dict) or k not in node:
+            valid = sorted(node) if isinstance(node, dict) else []
+            raise SystemExit(f"--set {item!r}: no setting {'.'.join(keys[:i + 1])!r}; valid here: {valid}")
+        if i == len(keys) - 1:
+            node[k] = value
+        node = node[k]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -927,6 +948,9 @@ def main(argv=None):
                     help="scale the time boxes of this invocation's trainings to fit this many seconds")
     ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every step count (and time box)")
     ap.add_argument("--bs", type=int, default=None, help="override every batch size (debugging)")
+    ap.add_argument("--set", action="append", default=[], metavar="PATH=JSON",
+                    help="override one size or hyper-parameter, e.g. drafter.num_hidden_layers=2, "
+                         "hybrid_layer_ids=[2,4,6], train.hybrid-dflash.lr=3e-3 (recorded in train_config.json)")
     ap.add_argument("--seq-len", type=int, default=None, help="override the sequence length (debugging)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--distill", choices=["soft", "hard"], default="soft")
@@ -956,6 +980,8 @@ def main(argv=None):
     S = copy.deepcopy(TINY if args.tiny else FULL)
     if args.seq_len:
         S["seq_len"] = args.seq_len
+    for item in args.set:
+        apply_override(S, item)
     for k, hp in S["train"].items():
         if args.bs:
             hp["bs"] = args.bs
