@@ -59,10 +59,11 @@ def generate(prompt, max_new_tokens, temperature=0.0, seed=None):
         "spec_correct_drafts_histogram", "e2e_latency")}}
 
 
-def server_flags(spec: str, drafter: str, block: int, graphs: bool) -> list[str]:
+def server_flags(spec: str, drafter: str, block: int, graph_bs: int) -> list[str]:
+    """Launch flags for one server name; graph_bs > 0 captures CUDA graphs for decode batches up to it."""
     kit = os.environ["SGLANG_KIT_FLAGS"].split()
-    if graphs:
-        kit = [f for f in kit if f != "--disable-cuda-graph"] + ["--cuda-graph-max-bs-decode", "8"]
+    if graph_bs:
+        kit = [f for f in kit if f != "--disable-cuda-graph"] + ["--cuda-graph-max-bs-decode", str(graph_bs)]
     spec_flags = os.environ["SGLANG_KIT_SPEC_FLAGS"].split()
     if spec == "ar":
         return kit
@@ -78,7 +79,15 @@ def server_flags(spec: str, drafter: str, block: int, graphs: bool) -> list[str]
         return kit + spec_flags + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter,
                                    "--speculative-num-draft-tokens", str(budget + 1),
                                    "--speculative-dflash-block-size", str(block)]
-    raise SystemExit(f"unknown server spec {spec!r}; valid: ar, nextn, dflash, ddtree<budget>[+graphs]")
+    raise SystemExit(f"unknown server spec {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
+                     f"optional +graphs and +patched")
+
+
+def apply_patches(site: str) -> str:
+    """``sglang-spec patch apply`` on the kit's SGLang (idempotent); returns its report."""
+    out = subprocess.run([PY, "-m", "sglang_spec.cli", "patch", "apply", "--sglang-dir", site],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def run_server(label, target, flags, prompts, args, log_dir):
@@ -111,7 +120,8 @@ def run_server(label, target, flags, prompts, args, log_dir):
         with cf.ThreadPoolExecutor(8) as ex:
             res["sampled"] = list(ex.map(lambda i: generate(prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
                                          range(args.samples)))
-        if args.dist_samples:  # (1st, 2nd) token pairs of one prompt: the 2nd comes from a verify step
+        if args.dist_samples and label in args.dist_servers.split(","):
+            # (1st, 2nd) token pairs of one prompt: the 2nd comes from a verify step
             with cf.ThreadPoolExecutor(32) as ex:
                 outs = list(ex.map(lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
                                    range(args.dist_samples)))
@@ -187,6 +197,10 @@ def main():
                     help="also sample this many 2-token completions of the first prompt (T = --dist-temperature) "
                          "for a distribution test (tools/e2e_sampling_check.py --pairs)")
     ap.add_argument("--dist-temperature", type=float, default=1.0)
+    ap.add_argument("--dist-servers", default="ar,ar+graphs,ddtree64,ddtree64+graphs",
+                    help="comma-separated server specs that get the --dist-samples requests")
+    ap.add_argument("--graph-bs", type=int, default=8,
+                    help="--cuda-graph-max-bs-decode for +graphs servers (cover the sweep's concurrency)")
     ap.add_argument("--sweep", default="", metavar="C_LIST",
                     help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
                          "server, then write <out>/report (python -m loadtests.compare)")
@@ -210,11 +224,15 @@ def main():
         prompts = DEFAULT_PROMPTS[: args.num_prompts]
     results = []
     for spec in args.servers.split(","):
-        graphs = spec.endswith("+graphs")
-        name = spec.removesuffix("+graphs")
+        name, *mods = spec.split("+")
+        if set(mods) - {"graphs", "patched"}:
+            raise SystemExit(f"unknown modifier in {spec!r}: valid are +graphs and +patched")
         print(f"=== {spec}", flush=True)
-        results.append(run_server(spec, args.target, server_flags(name, args.drafter, block, graphs), prompts, args,
-                                  args.out))
+        patch_report = apply_patches(site) if "patched" in mods else None  # stays applied for later servers
+        flags = server_flags(name, args.drafter, block, args.graph_bs if "graphs" in mods else 0)
+        results.append(run_server(spec, args.target, flags, prompts, args, args.out))
+        if patch_report:
+            results[-1]["patch_apply"] = patch_report
         json.dump(results, open(os.path.join(args.out, "e2e.json"), "w"), indent=1)
     summarize(results)
     if args.sweep:

@@ -119,8 +119,9 @@ FULL = {
         "hybrid-dflash": dict(steps=4000, bs=64, lr=3e-3, warmup=80, box=330, anchors=32,
                               gen_frac=0.75, gen_seqs=4096, gen_new=320),
         "qwen3": dict(steps=1500, bs=32, lr=2e-3, warmup=100, box=200),
+        # self-generated data did not help the qwen3 drafter (DFLASH 1.56 vs 1.72 tokens/step)
         "qwen3-dflash": dict(steps=4000, bs=64, lr=2e-3, warmup=80, box=330, anchors=32,
-                             gen_frac=0.75, gen_seqs=4096, gen_new=320),
+                             gen_frac=0.0, gen_seqs=4096, gen_new=320),
     },
     "log_every": 50, "eval_every": 400, "eval_batches": 4,
 }
