@@ -32,32 +32,51 @@ def sample_logprob(model, prompt_ids: list[int], out_ids: list[int], temperature
     return float(lp.mean())
 
 
-def _pair_test(servers) -> None:
-    """Chi-square of each server's 2nd-token distribution against AR's, given the most common 1st token.
+def is_ar(label: str) -> bool:
+    return label.split("+")[0] == "ar"
+
+
+def _pair_test(servers, model, prompt_ids: list[int], temperature: float) -> None:
+    """Chi-square tests of each server's 2nd-token distribution given the most common 1st token: against
+    the AR server's samples (same bf16 server stack) and against the target's exact float32
+    distribution at that temperature (goodness of fit).
 
     Uses the ``dist_pairs`` that ``tools/gpu_e2e.py --dist-samples N`` records (2-token samples of one
     prompt with distinct seeds); the 2nd token of a speculative server comes out of a tree verify.
     """
-    from scipy.stats import chi2_contingency
+    from scipy.stats import chi2_contingency, chisquare
 
     pairs = {s["label"]: s["dist_pairs"] for s in servers if s.get("ok") and s.get("dist_pairs")}
-    if "ar" not in pairs:
+    ar_label = next((label for label in pairs if is_ar(label)), None)
+    if ar_label is None:
         return
-    first = Counter(p[0] for p in pairs["ar"]).most_common(1)[0][0]
-    ar2 = Counter(p[1] for p in pairs["ar"] if p[0] == first)
-    print(f"| server | samples with 1st token {first} | chi-square p-value of the 2nd token vs AR |")
-    print("|---|---|---|")
+    first = Counter(p[0] for p in pairs[ar_label]).most_common(1)[0][0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + [first]])).logits[0, -1].float() / temperature
+    exact = logits.softmax(-1).tolist()
+    ar2 = Counter(p[1] for p in pairs[ar_label] if p[0] == first)
+    print(f"| server | samples with 1st token {first} | chi-square p vs AR's samples | "
+          f"chi-square p vs the exact target distribution (T={temperature}) |")
+    print("|---|---|---|---|")
     for label, ps in pairs.items():
-        if label == "ar":
-            continue
         other = Counter(p[1] for p in ps if p[0] == first)
-        keys = sorted(set(ar2) | set(other))
-        common = [k for k in keys if ar2[k] + other[k] >= 10]  # pool rare tokens so expected counts stay >= 5
-        rows = [[ar2[k] for k in common] + [sum(ar2[k] for k in keys if k not in common)],
-                [other[k] for k in common] + [sum(other[k] for k in keys if k not in common)]]
-        if rows[0][-1] + rows[1][-1] == 0:
-            rows = [r[:-1] for r in rows]
-        print(f"| {label} | {sum(other.values())} | {chi2_contingency(rows).pvalue:.3g} |")
+        n = sum(other.values())
+        vs_ar = "-"
+        if label != ar_label:
+            keys = sorted(set(ar2) | set(other))
+            common = [k for k in keys if ar2[k] + other[k] >= 10]  # pool rare tokens: expected counts >= 5
+            rows = [[ar2[k] for k in common] + [sum(ar2[k] for k in keys if k not in common)],
+                    [other[k] for k in common] + [sum(other[k] for k in keys if k not in common)]]
+            if rows[0][-1] + rows[1][-1] == 0:
+                rows = [r[:-1] for r in rows]
+            vs_ar = f"{chi2_contingency(rows).pvalue:.3g}"
+        big = [k for k, p in enumerate(exact) if n * p >= 5]  # the rest pooled into one bin
+        obs = [other[k] for k in big] + [n - sum(other[k] for k in big)]
+        exp = [n * exact[k] for k in big] + [n * (1 - sum(exact[k] for k in big))]
+        if exp[-1] < 5:  # merge a too-small pooled bin into the last kept one
+            obs, exp = obs[:-2] + [obs[-2] + obs[-1]], exp[:-2] + [exp[-2] + exp[-1]]
+        gof = chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue
+        print(f"| {label} | {n} | {vs_ar} | {gof:.3g} ({len(obs)} bins) |")
 
 
 def main() -> None:
@@ -67,6 +86,7 @@ def main() -> None:
     ap.add_argument("--prompts", required=True, help="the JSONL the e2e run used")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--dist-temperature", type=float, default=1.0, help="gpu_e2e.py's --dist-temperature")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.target)
@@ -81,14 +101,14 @@ def main() -> None:
             sample_logprob(model, prompt_ids[i % len(prompts)], s["output_ids"], args.temperature)
             for i, s in enumerate(server["sampled"])
         ]
-    _pair_test(json.load(open(args.e2e_json)))
-    ar = scores.get("ar")
+    _pair_test(json.load(open(args.e2e_json)), model, prompt_ids[0], args.dist_temperature)
+    ar = next((xs for label, xs in scores.items() if is_ar(label)), None)
     print(f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |")
     print("|---|---|---|---|---|")
     for label, xs in scores.items():
         m, se = statistics.mean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
         t = "-"
-        if ar is not None and label != "ar":
+        if ar is not None and not is_ar(label):
             se_ar = statistics.stdev(ar) / math.sqrt(len(ar))
             t = f"{(m - statistics.mean(ar)) / math.sqrt(se ** 2 + se_ar ** 2):+.2f}"
         print(f"| {label} | {len(xs)} | {m:.3f} | {se:.3f} | {t} |")

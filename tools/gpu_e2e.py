@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -30,7 +32,7 @@ import time
 import urllib.request
 
 PY = os.environ.get("SGLANG_KIT_PYTHON", sys.executable)
-PORT = 30000
+PORT = 30000  # set from --port in main()
 DEFAULT_PROMPTS = [
     "def fibonacci(n):",
     "import os\n\ndef list_python_files(root):\n    \"\"\"Return every .py file under root.\"\"\"\n",
@@ -112,32 +114,8 @@ def run_server(label, target, flags, prompts, args, log_dir):
         if p.poll() is not None or time.time() - t0 >= args.start_timeout:
             raise RuntimeError("server did not become healthy")
         res["start_s"] = round(time.time() - t0, 1)
-        t1 = time.time()
-        res["greedy"] = [generate(pr, args.max_new_tokens) for pr in prompts]
-        res["greedy_s"] = round(time.time() - t1, 2)
-        with cf.ThreadPoolExecutor(len(prompts)) as ex:
-            res["greedy_concurrent"] = list(ex.map(lambda pr: generate(pr, args.max_new_tokens), prompts))
-        with cf.ThreadPoolExecutor(8) as ex:
-            res["sampled"] = list(ex.map(lambda i: generate(prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
-                                         range(args.samples)))
-        if args.dist_samples and label in args.dist_servers.split(","):
-            # (1st, 2nd) token pairs of one prompt: the 2nd comes from a verify step
-            with cf.ThreadPoolExecutor(32) as ex:
-                outs = list(ex.map(lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
-                                   range(args.dist_samples)))
-            res["dist_pairs"] = [o["output_ids"] for o in outs]
-        if args.sweep:  # closed-loop load test of this server (loadtests/), one JSONL per server
-            os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
-            subprocess.run([PY, "-m", "loadtests.sweep", "--base-url", f"http://127.0.0.1:{PORT}", "--api", "generate",
-                            "--prompts", args.prompts or "heldout", "--concurrency", args.sweep,
-                            "--requests-per-concurrency", "4", "--min-requests", "8", "--max-new-tokens", "128",
-                            "--ignore-eos", "--label", label, "--no-progress",
-                            "--output", os.path.join(args.out, "sweeps", f"{label.replace('+', '_')}.jsonl")],
-                           check=True)
-        try:
-            res["server_info_accept"] = call("/server_info")["internal_states"][0].get("avg_spec_accept_length")
-        except Exception as e:  # noqa: BLE001
-            res["server_info_accept"] = f"{type(e).__name__}"
+        with exercise_lock(args.lock):
+            exercise(res, prompts, args, label)
         res["ok"] = True
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"
@@ -160,8 +138,55 @@ def run_server(label, target, flags, prompts, args, log_dir):
     return res
 
 
-def summarize(results):
-    base = next((r for r in results if r["label"].startswith("ar") and r["ok"]), None)
+@contextlib.contextmanager
+def exercise_lock(path):
+    """Several gpu_e2e runs (each on its own --port) may start servers side by side on one GPU; with a
+    shared --lock file only one of them sends requests at a time, so timings are not disturbed."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def exercise(res, prompts, args, label):
+    """Greedy requests one by one and concurrently, sampled requests, optional distribution samples and
+    load-test sweep against the server on PORT; results go into ``res``."""
+    t1 = time.time()
+    res["greedy"] = [generate(pr, args.max_new_tokens) for pr in prompts]
+    res["greedy_s"] = round(time.time() - t1, 2)
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        res["greedy_concurrent"] = list(ex.map(lambda pr: generate(pr, args.max_new_tokens), prompts))
+    with cf.ThreadPoolExecutor(8) as ex:
+        res["sampled"] = list(ex.map(lambda i: generate(prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
+                                     range(args.samples)))
+    if args.dist_samples and label in args.dist_servers.split(","):
+        # (1st, 2nd) token pairs of one prompt: the 2nd comes from a verify step
+        with cf.ThreadPoolExecutor(32) as ex:
+            outs = list(ex.map(lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
+                               range(args.dist_samples)))
+        res["dist_pairs"] = [o["output_ids"] for o in outs]
+    if args.sweep:  # closed-loop load test of this server (loadtests/), one JSONL per server
+        os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
+        subprocess.run([PY, "-m", "loadtests.sweep", "--base-url", f"http://127.0.0.1:{PORT}", "--api", "generate",
+                        "--prompts", args.prompts or "heldout", "--concurrency", args.sweep,
+                        "--requests-per-concurrency", "4", "--min-requests", "8", "--max-new-tokens", "128",
+                        "--ignore-eos", "--label", label, "--no-progress",
+                        "--output", os.path.join(args.out, "sweeps", f"{label.replace('+', '_')}.jsonl")],
+                       check=True)
+    try:
+        res["server_info_accept"] = call("/server_info")["internal_states"][0].get("avg_spec_accept_length")
+    except Exception as e:  # noqa: BLE001
+        res["server_info_accept"] = f"{type(e).__name__}"
+
+
+def summarize(results, baseline=None):
+    """Markdown table; "= AR" compares with this run's first AR server, else with ``baseline``'s."""
+    base = next((r for r in results if r["label"].startswith("ar") and r["ok"]), baseline)
     rows = []
     for r in results:
         if not r["ok"]:
@@ -204,13 +229,25 @@ def main():
     ap.add_argument("--sweep", default="", metavar="C_LIST",
                     help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
                          "server, then write <out>/report (python -m loadtests.compare)")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--site", default="/tmp/gpukit/site",
+                    help="the kit's site-packages the servers import (this package is installed there; +patched "
+                         "patches its sglang); for a patched copy, also put it first on PYTHONPATH")
+    ap.add_argument("--skip-install", action="store_true",
+                    help="this package is already installed in --site (runs started side by side install once)")
+    ap.add_argument("--lock", help="file lock shared by gpu_e2e runs started side by side (see exercise_lock)")
+    ap.add_argument("--baseline", help="e2e.json of an earlier run whose AR server's greedy texts serve as "
+                                       "reference when this run has no AR server")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
     args = ap.parse_args()
+    global PORT
+    PORT = args.port
     os.makedirs(args.out, exist_ok=True)
-    site = "/tmp/gpukit/site"
-    subprocess.run([PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", site, "."],
-                   check=True)
+    site = args.site
+    if not args.skip_install:
+        subprocess.run([PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", site, "."],
+                       check=True)
     if args.target is None:
         kit = ".gpu-kit/smoke"
         subprocess.run([PY, f"{kit}/make_tiny_qwen3.py", "/tmp/tiny-qwen3"], check=True, stdout=subprocess.DEVNULL)
@@ -234,7 +271,10 @@ def main():
         if patch_report:
             results[-1]["patch_apply"] = patch_report
         json.dump(results, open(os.path.join(args.out, "e2e.json"), "w"), indent=1)
-    summarize(results)
+    baseline = None
+    if args.baseline:
+        baseline = next(r for r in json.load(open(args.baseline)) if r["label"].startswith("ar") and r["ok"])
+    summarize(results, baseline)
     if args.sweep:
         sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))
         subprocess.run([PY, "-m", "loadtests.compare", *sweeps, "-o", os.path.join(args.out, "report")], check=False)
