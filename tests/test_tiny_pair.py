@@ -68,8 +68,8 @@ def test_greedy_equals_ar_and_drafts_are_accepted(pair):
             assert out.tokens == ar.tokens, (kind, method, prompt[:40])
             steps[method] += len(out.steps)
     # AR needs `tokens` target forwards. Measured on these 3 prompts (decoding is deterministic):
-    # DFLASH 1.50 tokens per forward for both pairs, DDTREE(64) 2.17 (hybrid) and 2.31 (qwen3).
+    # DFLASH 1.93 (hybrid) and 1.74 (qwen3) tokens per forward, DDTREE(64) 2.88 and 2.61.
     # The floors leave room for float differences between CPUs and stay far above chance (1.0).
-    assert steps["dflash"] * 1.25 <= tokens, (kind, steps, tokens)
-    assert steps["ddtree"] * 1.8 <= tokens, (kind, steps, tokens)
+    assert steps["dflash"] * 1.5 <= tokens, (kind, steps, tokens)
+    assert steps["ddtree"] * 2.2 <= tokens, (kind, steps, tokens)
     assert steps["ddtree"] < steps["dflash"], (kind, steps)
