@@ -140,8 +140,9 @@ def run_server(label, target, flags, prompts, args, log_dir):
 
 @contextlib.contextmanager
 def exercise_lock(path):
-    """Several gpu_e2e runs (each on its own --port) may start servers side by side on one GPU; with a
-    shared --lock file only one of them sends requests at a time, so timings are not disturbed."""
+    """Other GPU jobs of the same call (kernel checks started beside the server start-up) take the same
+    --lock file (e.g. with flock(1)); requests are sent only while no such job runs, so timings are
+    not disturbed."""
     if not path:
         yield
         return
@@ -230,12 +231,8 @@ def main():
                     help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
                          "server, then write <out>/report (python -m loadtests.compare)")
     ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--site", default="/tmp/gpukit/site",
-                    help="the kit's site-packages the servers import (this package is installed there; +patched "
-                         "patches its sglang); for a patched copy, also put it first on PYTHONPATH")
-    ap.add_argument("--skip-install", action="store_true",
-                    help="this package is already installed in --site (runs started side by side install once)")
-    ap.add_argument("--lock", help="file lock shared by gpu_e2e runs started side by side (see exercise_lock)")
+    ap.add_argument("--lock", help="a file lock (flock) held while requests are sent, so that other GPU jobs "
+                                   "holding it do not run during the measurements (see exercise_lock)")
     ap.add_argument("--baseline", help="e2e.json of an earlier run whose AR server's greedy texts serve as "
                                        "reference when this run has no AR server")
     ap.add_argument("--start-timeout", type=float, default=300)
@@ -244,10 +241,9 @@ def main():
     global PORT
     PORT = args.port
     os.makedirs(args.out, exist_ok=True)
-    site = args.site
-    if not args.skip_install:
-        subprocess.run([PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", site, "."],
-                       check=True)
+    site = "/tmp/gpukit/site"
+    subprocess.run([PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", site, "."],
+                   check=True)
     if args.target is None:
         kit = ".gpu-kit/smoke"
         subprocess.run([PY, f"{kit}/make_tiny_qwen3.py", "/tmp/tiny-qwen3"], check=True, stdout=subprocess.DEVNULL)
