@@ -1,7 +1,17 @@
-"""SGLang 0.5.23's own Triton GDN tree-verify kernels (CPU, Triton interpreter) vs ``sglang_spec.gdn``.
+"""SGLang 0.5.23's own Triton GDN tree-verify kernels (CPU interpreter, or a GPU) vs ``sglang_spec.gdn``.
 
-What runs on the SGLang side (``tests/sglang_kernel_gdn.py``, a subprocess with ``TRITON_INTERPRET=1``;
-kernels and, where they run on CPU, their launch wrappers are cut verbatim from the installed SGLang):
+Device: ``SGLANG_SPEC_KERNEL_DEVICE=cpu`` (default) runs SGLang's kernels on CPU under the Triton
+interpreter; ``SGLANG_SPEC_KERNEL_DEVICE=cuda`` compiles them with Triton for the GPU (the case tensors go
+to the GPU, the results come back to the CPU, the assertions and tolerances are the same; skipped without
+CUDA). The reference side always runs on the CPU. Only the cases of the selected tests go to the kernels:
+on a GPU leave out ``ddtree_b256``, whose N = 257 tree conv kernel (Triton unrolls its loop over N) took
+~17 min to compile for sm_90 on a 2-core CPU here, against ~1 min for N = 65::
+
+    source .gpu-kit/setup.sh
+    SGLANG_SPEC_KERNEL_DEVICE=cuda $SGLANG_KIT_PYTHON -m pytest -q tests/test_sglang_gdn_kernels.py -k "not ddtree_b256"
+
+What runs on the SGLang side (``tests/sglang_kernel_gdn.py``, a subprocess, with ``TRITON_INTERPRET=1`` on
+CPU; kernels and, where they run on CPU, their launch wrappers are cut verbatim from the installed SGLang):
 the TARGET_VERIFY path of ``layers/attention/linear/gdn_backend.py`` for topk > 1 --
 ``causal_conv1d_update`` in tree mode (derives ``retrieve_parent_token`` from ``retrieve_next_token`` /
 ``retrieve_next_sibling``, convolves every node over its ancestor window, stores per-node conv windows),
@@ -23,10 +33,10 @@ window), the per-node SSM states, the core outputs (the reference's input to ``l
 with a hook) and the layer outputs (``out_proj(norm(core, z))``); then the committed pool rows for the
 deepest node, a random node, the last real node and the root against ``gdn_tree_commit``, plus the
 kernels' side effects on the pools. Tolerance: ``rtol=1e-4, atol=1e-5`` in fp32: both sides are fp32 but
-sum in different orders (l2-norm, ``k^T S``, ``S q``) and use different exp/log code; the observed error
-is <= 5e-7 absolute on O(1) values after 15 recurrent steps, and a test checks that the wrong-parent
-(chain) reading of the same slots differs by far more than the tolerance, so the comparison is not
-vacuous.
+sum in different orders (l2-norm, ``k^T S``, ``S q``) and use different exp/log code (approximate PTX on a
+GPU); the observed error (CPU interpreter) is <= 5e-7 absolute on O(1) values after 15 recurrent steps,
+and a test checks that the wrong-parent (chain) reading of the same slots differs by far more than the
+tolerance, so the comparison is not vacuous.
 
 Trees: ``build_ddtree`` (L = 15) on random logits with budgets 16, 64 and 256 (N = 257: one row reaches
 depth 15, the other has 16 children at the root), one of them with padding (a single finite token per
@@ -40,6 +50,8 @@ interpreter fast; one q/k head serves two v heads (GQA) throughout.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,6 +62,8 @@ from sglang_kernel_gdn import run_sglang_gdn_subprocess
 from sglang_spec.gdn import gdn_tree_commit, gdn_tree_forward, tree_depth
 from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree, sglang_tree_abi
 
+DEVICE = os.environ.get("SGLANG_SPEC_KERNEL_DEVICE", "cpu")
+assert DEVICE in ("cpu", "cuda"), f"SGLANG_SPEC_KERNEL_DEVICE must be cpu or cuda, not {DEVICE!r}"
 RTOL, ATOL = 1e-4, 1e-5
 L = 15
 HIDDEN, H, HV, KERNEL = 32, 1, 2, 4  # GQA: the q/k head serves both v heads
@@ -164,7 +178,9 @@ def _chain_parents(tree: DraftTree) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(request, tmp_path_factory):
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("SGLANG_SPEC_KERNEL_DEVICE=cuda but torch.cuda.is_available() is False")
     layers = {k: _layer(*dims) for k, dims in HEAD_DIMS.items()}
     gen = torch.Generator().manual_seed(1234)
     sg_cases, refs = {}, {}
@@ -207,8 +223,13 @@ def results(tmp_path_factory):
             hook.remove()
         refs[name] = dict(tree=tree, out=out, states=states, core=core, chain_core=chain_core,
                           chain_ssm=chain_states.ssm, accepted=accepted, layer=layer, hidden=hidden, dv=dv)
-    sg = run_sglang_gdn_subprocess(sg_cases, tmp_path_factory.mktemp("sglang_gdn"))
-    return {name: (sg_cases[name], sg[name], refs[name]) for name in CASES}
+    # Only the cases of the selected tests go to the kernels: `-k "not ddtree_b256"` spares a GPU run the
+    # ~17 min Triton needed (2-core CPU here) to compile the tree conv kernel, unrolled over N, for N = 257.
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params}
+    sg = run_sglang_gdn_subprocess({name: c for name, c in sg_cases.items() if name in selected},
+                                   tmp_path_factory.mktemp("sglang_gdn"), DEVICE)
+    return {name: (sg_cases[name], sg[name], refs[name]) for name in sg}
 
 
 def test_tree_shapes_cover_ddtree_sizes():
