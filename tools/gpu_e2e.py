@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -114,8 +112,7 @@ def run_server(label, target, flags, prompts, args, log_dir):
         if p.poll() is not None or time.time() - t0 >= args.start_timeout:
             raise RuntimeError("server did not become healthy")
         res["start_s"] = round(time.time() - t0, 1)
-        with exercise_lock(args.lock):
-            exercise(res, prompts, args, label)
+        exercise(res, prompts, args, label)
         res["ok"] = True
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"
@@ -136,22 +133,6 @@ def run_server(label, target, flags, prompts, args, log_dir):
     else:  # only failed servers keep their log (the device returns few files)
         os.remove(log_path)
     return res
-
-
-@contextlib.contextmanager
-def exercise_lock(path):
-    """Other GPU jobs of the same call (kernel checks started beside the server start-up) take the same
-    --lock file (e.g. with flock(1)); requests are sent only while no such job runs, so timings are
-    not disturbed."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def exercise(res, prompts, args, label):
@@ -231,8 +212,6 @@ def main():
                     help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
                          "server, then write <out>/report (python -m loadtests.compare)")
     ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--lock", help="a file lock (flock) held while requests are sent, so that other GPU jobs "
-                                   "holding it do not run during the measurements (see exercise_lock)")
     ap.add_argument("--baseline", help="e2e.json of an earlier run whose AR server's greedy texts serve as "
                                        "reference when this run has no AR server")
     ap.add_argument("--start-timeout", type=float, default=300)
