@@ -104,8 +104,8 @@ def run_server(label, target, flags, prompts, args, log_dir):
     res = {"label": label, "cmd": " ".join(cmd), "ok": False}
     try:
         while time.time() - t0 < args.start_timeout and p.poll() is None:
-            try:
-                call("/health", timeout=2)
+            try:  # a fresh server's first /health runs a generation that may JIT-compile kernels for seconds
+                call("/health", timeout=60)
                 break
             except Exception:
                 time.sleep(2)
