@@ -251,6 +251,18 @@ def test_bad_topk_env(loaded, models, monkeypatch):
         _resolve(models)
 
 
+def test_tree_temperature_env(loaded, models, monkeypatch):
+    monkeypatch.setenv(P.ENV_TREE_TEMPERATURE, "0.5")
+    _resolve(models)  # accepted
+    assert P.parse_tree_temperature_env() == 0.5
+    monkeypatch.delenv(P.ENV_TREE_TEMPERATURE)
+    assert P.parse_tree_temperature_env() == 1.0
+    for bad in ("0", "-2", "nan", "inf", "warm"):
+        monkeypatch.setenv(P.ENV_TREE_TEMPERATURE, bad)
+        with pytest.raises(ValueError, match=f"SGLANG_DDTREE_TREE_TEMPERATURE={bad!r} is not valid"):
+            _resolve(models)
+
+
 def test_drafter_not_dflash(loaded, models):
     with pytest.raises(ValueError, match="needs a DFlash drafter"):
         _resolve(models, draft="target")
@@ -332,6 +344,20 @@ def test_sharded_topk_matches_full_vocab():
                                           torch.stack(lses), k)
     torch.testing.assert_close(logq2, logq, rtol=1e-5, atol=1e-5)
     assert torch.equal(ids2, ids)
+
+
+def test_sharded_topk_tree_temperature():
+    from sglang_spec import tree
+    from sglang_spec.plugin.worker import sharded_topk
+
+    torch.manual_seed(1)
+    V, H, bs, L, k = 40, 16, 2, 5, 6
+    w = torch.randn(V, H)
+    hid = torch.randn(bs, L, H)
+    logq, ids = sharded_topk(hid, _Head(w), k, temperature=0.5)
+    ref_logq, ref_ids = tree.draft_topk((hid @ w.T).float(), k, temperature=0.5)
+    torch.testing.assert_close(logq, ref_logq, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ids, ref_ids)
 
 
 def test_tree_abi_to_verify_input():

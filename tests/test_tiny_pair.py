@@ -73,3 +73,16 @@ def test_greedy_equals_ar_and_drafts_are_accepted(pair):
     assert steps["dflash"] * 1.5 <= tokens, (kind, steps, tokens)
     assert steps["ddtree"] * 2.2 <= tokens, (kind, steps, tokens)
     assert steps["ddtree"] < steps["dflash"], (kind, steps)
+
+
+def test_tree_temperature_is_lossless_and_sharpens(pair):
+    """A tree temperature < 1 changes which nodes are verified, never the output."""
+    kind, tokenizer, target, drafter = pair
+    prompt = PROMPTS[15]
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+    deep = generate(target, drafter, ids, "ddtree", budget=16, tree_temperature=0.5, max_new_tokens=NEW)
+    assert deep.tokens == ar.tokens
+    assert max(s.accepted for s in deep.steps) >= 2
+    with pytest.raises(ValueError, match="tree temperature must be a finite number > 0"):
+        generate(target, drafter, ids, "ddtree", budget=16, tree_temperature=0.0, max_new_tokens=4)

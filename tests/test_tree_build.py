@@ -435,3 +435,37 @@ def test_merge_property(bs, L, tp, w, k, seed, style):
     vals, ids, lse = shard_inputs(x, tp, k)
     m_logq, m_ids = merge_sharded_topk(vals, ids, lse, k)
     assert_topk_equal(m_logq, m_ids, *oracle_topk(x, k))
+
+
+# ---------------------------------------------------------------------------------------------
+# tree temperature
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_tree_temperature_scores_the_scaled_logits(tau):
+    x = make_logits(4242, 3, 4, 6, "normal")
+    roots = torch.arange(3)
+    tree = build_ddtree(x, 10, roots, temperature=tau)
+    check_tree(tree, x / tau, 10, roots)  # the oracle on logits / tau
+    logq, ids = draft_topk(x, 6, temperature=tau)
+    ref_logq, ref_ids = draft_topk(x / tau, 6)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(logq, ref_logq)
+
+
+def test_tree_temperature_moves_budget_to_depth():
+    # q = (0.6, 0.4) at both depths, budget 2: at T = 1 the sibling (0.4) beats the grandchild
+    # (0.36); at T = 0.5 the sharpened q = (0.69, 0.31) puts the grandchild (0.48) first.
+    p = torch.tensor([0.6, 0.4]).log()
+    x = torch.stack([p, p])[None]
+    roots = torch.tensor([5])
+    flat = build_ddtree(x, 2, roots)
+    deep = build_ddtree(x, 2, roots, temperature=0.5)
+    assert flat.depths[0].tolist() == [0, 1, 1] and flat.tokens[0].tolist() == [5, 0, 1]
+    assert deep.depths[0].tolist() == [0, 1, 2] and deep.tokens[0].tolist() == [5, 0, 0]
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_tree_temperature_raises(tau):
+    x = torch.randn(1, 2, 4)
+    with pytest.raises(ValueError, match="tree temperature must be a finite number > 0"):
+        build_ddtree(x, 4, torch.tensor([0]), temperature=tau)

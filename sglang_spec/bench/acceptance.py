@@ -20,6 +20,8 @@ from sglang_spec.demo import FIXTURES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", default="hybrid,qwen3")
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--tree-temperatures", type=float, nargs="+", default=[1.0],
+                   help="DDTREE tree temperatures to try (sglang_spec.tree.draft_topk; 1 = the drafter's own)")
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--fixtures", default=str(FIXTURES))
@@ -36,22 +38,26 @@ def run(args) -> int:
     for pair in args.pairs.split(","):
         tokenizer, target, drafter = demo.load_pair(pair, args.fixtures)
         prompts = demo.heldout_prompts(args.num_prompts, args.fixtures)
-        runs = [("ar", 0), ("dflash", 0)] + [("ddtree", b) for b in args.budgets]
+        runs = [("ar", 0, 1.0), ("dflash", 0, 1.0)] + [
+            ("ddtree", b, tau) for tau in args.tree_temperatures for b in args.budgets]
         ar_tokens = []
-        for method, budget in runs:
+        for method, budget, tau in runs:
             t0 = time.perf_counter()
             emitted = steps = accepted = 0
             same = 0
             for i, prompt in enumerate(prompts):
                 ids = tokenizer(prompt, return_tensors="pt").input_ids
-                res = generate(target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens)
+                res = generate(target, drafter, ids, method, budget=budget, tree_temperature=tau,
+                               max_new_tokens=args.max_new_tokens)
                 emitted += sum(s.emitted for s in res.steps)
                 steps += len(res.steps)
                 accepted += sum(s.accepted for s in res.steps)
                 if method == "ar":
                     ar_tokens.append(res.tokens)
                 same += res.tokens == ar_tokens[i]
-            label = f"ddtree({budget})" if method == "ddtree" else method
+            label = method
+            if method == "ddtree":
+                label = f"ddtree({budget})" if tau == 1.0 else f"ddtree({budget}, tree T={tau:g})"
             row = (pair, label, emitted / steps, accepted / steps, f"{same}/{len(prompts)}", time.perf_counter() - t0)
             rows.append(row)
             print(f"{pair} {label}: {row[2]:.3f} tokens/step, identical {row[4]}, {row[5]:.0f}s", file=sys.stderr, flush=True)

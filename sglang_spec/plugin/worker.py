@@ -108,11 +108,12 @@ def local_vocab_logits(hidden: torch.Tensor, lm_head) -> Tuple[torch.Tensor, tor
 
 
 def sharded_topk(
-    hidden: torch.Tensor, lm_head, k: int, tp_group=None
+    hidden: torch.Tensor, lm_head, k: int, tp_group=None, temperature: float = 1.0
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k log-probabilities of the target head, TP-aware.
 
-    hidden: [bs, L, H].  Each rank takes top-k and logsumexp over its own
+    hidden: [bs, L, H]; the log-probs are those of ``logits / temperature``
+    (``sglang_spec.tree.draft_topk``'s tree temperature).  Each rank takes top-k and logsumexp over its own
     vocabulary shard; only [tp, bs, L, k] values/ids and [tp, bs, L] lse are
     all-gathered, then ``sglang_spec.tree.merge_sharded_topk`` merges them.
     Returns (logq [bs, L, k] fp32, ids [bs, L, k] int64).
@@ -121,6 +122,8 @@ def sharded_topk(
 
     bs, L, H = hidden.shape
     logits, vocab_ids = local_vocab_logits(hidden.reshape(bs * L, H), lm_head)
+    if temperature != 1.0:
+        logits = logits / temperature
     k_local = min(k, logits.shape[-1])
     vals, idx = torch.topk(logits, k_local, dim=-1)
     ids = vocab_ids[idx]
@@ -205,7 +208,7 @@ class DDTreeWorker(DFlashWorkerV2):
         """Undo the global-width leak: DFlashWorkerV2 takes block_size from
         speculative_num_draft_tokens (dflash_worker_v2.py:507-523), which for
         DDTREE is the verify width 1 + budget."""
-        from sglang_spec.plugin import parse_topk_env
+        from sglang_spec.plugin import parse_topk_env, parse_tree_temperature_env
 
         spec = get_spec()
         self.block_size = int(spec.speculative_dflash_block_size)
@@ -213,6 +216,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.budget = self.verify_width - 1
         self.horizon = self.block_size - 1
         self.topk_per_depth = parse_topk_env(self.budget)
+        self.tree_temperature = parse_tree_temperature_env()
         self.eagle_topk = int(spec.speculative_eagle_topk)
         self.draft_model.set_block_size(self.block_size)
         self.speculative_num_draft_tokens = self.verify_width
@@ -238,13 +242,14 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError("DDTREE does not support a compact drafter KV cache.")
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker: block=%d horizon=%d budget=%d width=%d K=%d; hooks=%s; "
-                "patches expected=%s",
+                "DDTREE worker: block=%d horizon=%d budget=%d width=%d K=%d tree temperature=%g; "
+                "hooks=%s; patches expected=%s",
                 self.block_size,
                 self.horizon,
                 self.budget,
                 self.verify_width,
                 self.topk_per_depth,
+                self.tree_temperature,
                 REQUIRED_HOOKS,
                 REQUIRED_PATCHES,
             )
@@ -422,7 +427,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE needs a dense target lm_head.")
         tp_group = get_parallel().tp_group if hasattr(lm_head, "shard_indices") else None
         with draft_tp_context(self.draft_parallel_layout):
-            return sharded_topk(draft_hidden[:, 1:, :], lm_head, self.topk_per_depth, tp_group)
+            return sharded_topk(draft_hidden[:, 1:, :], lm_head, self.topk_per_depth, tp_group,
+                                self.tree_temperature)
 
     def tree_stage(self, batch, logq, ids, root_tokens) -> DDTreeVerifyInput:
         """Best-first DDTree of `budget` nodes and its SGLang tree ABI, on the

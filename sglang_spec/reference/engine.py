@@ -31,6 +31,7 @@ from sglang_spec.tree import (
     ancestor_mask,
     build_chain,
     build_ddtree,
+    check_tree_temperature,
     sample_target_tokens,
     tree_positions,
     walk_greedy,
@@ -98,8 +99,9 @@ def _attention_cache_layers(cache):
 class _Decoder:
     """State of one generation: the target's cache, the drafter's context cache, the sampler."""
 
-    def __init__(self, target, drafter, method, budget, temperature, top_p, top_k, seed):
+    def __init__(self, target, drafter, method, budget, tree_temperature, temperature, top_p, top_k, seed):
         self.target, self.drafter, self.method, self.budget = target, drafter, method, budget
+        self.tree_temperature = tree_temperature
         self.sampling = (temperature, top_p, top_k)
         self.generator = torch.Generator(device=target.device).manual_seed(seed)
         self.cache = None
@@ -138,7 +140,7 @@ class _Decoder:
     def tree(self, draft_logits: torch.Tensor, root: int) -> DraftTree:
         roots = torch.tensor([root], device=draft_logits.device)
         if self.method == "ddtree":
-            return build_ddtree(draft_logits, self.budget, roots)
+            return build_ddtree(draft_logits, self.budget, roots, self.tree_temperature)
         return build_chain(draft_logits, roots)
 
     def verify(self, tree: DraftTree):
@@ -193,13 +195,15 @@ class _Decoder:
         return emitted, int(walk.accept_len[0]), int(tree.num_nodes[0])
 
 
-def _check_args(target, drafter, input_ids, method, budget, max_new_tokens, temperature, top_p, top_k):
+def _check_args(target, drafter, input_ids, method, budget, tree_temperature, max_new_tokens, temperature, top_p,
+                top_k):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     if method != "ar" and drafter is None:
         raise ValueError(f"method {method!r} needs a DFlash drafter; got drafter=None")
     if method == "ddtree" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ValueError(f"budget must be an integer >= 1 for ddtree; got {budget!r}")
+    check_tree_temperature(tree_temperature)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must be [1, T] with T >= 1 (batch size 1); got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
@@ -217,6 +221,7 @@ def generate(
     input_ids: torch.Tensor,
     method: str = "ddtree",
     budget: int = 16,
+    tree_temperature: float = 1.0,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -227,12 +232,16 @@ def generate(
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [1, T]`` with ``method``.
 
     ``ar`` decodes one token per target forward; ``dflash`` verifies the drafter's argmax chain;
-    ``ddtree`` verifies the ``budget``-node DDTree. All three emit exactly the target's greedy
+    ``ddtree`` verifies the ``budget``-node DDTree, ranked with the drafter's distribution at
+    ``tree_temperature`` (``sglang_spec.tree.draft_topk``; the plug-in's
+    ``SGLANG_DDTREE_TREE_TEMPERATURE``). All three emit exactly the target's greedy
     tokens at ``temperature = 0`` and exact target samples otherwise. Generation stops after a token
     in ``stop_token_ids`` (which is kept) or at ``max_new_tokens``.
     """
-    _check_args(target, drafter, input_ids, method, budget, max_new_tokens, temperature, top_p, top_k)
-    dec = _Decoder(target, drafter if method != "ar" else None, method, budget, temperature, top_p, top_k, seed)
+    _check_args(target, drafter, input_ids, method, budget, tree_temperature, max_new_tokens, temperature, top_p,
+                top_k)
+    dec = _Decoder(target, drafter if method != "ar" else None, method, budget, tree_temperature, temperature, top_p,
+                   top_k, seed)
     stops = {int(t) for t in stop_token_ids}
     t0 = time.perf_counter()
     tokens = [dec.prefill(input_ids.to(target.device))]

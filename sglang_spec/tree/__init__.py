@@ -4,7 +4,14 @@ Everything here is plain torch (plus Triton kernels on CUDA) and never synchroni
 the device on CUDA. The API contract is documented in docs/tree-api.md.
 """
 
-from .build import build_chain, build_ddtree, build_ddtree_from_topk, draft_topk, merge_sharded_topk
+from .build import (
+    build_chain,
+    build_ddtree,
+    build_ddtree_from_topk,
+    check_tree_temperature,
+    draft_topk,
+    merge_sharded_topk,
+)
 from .layout import ancestor_mask, bitpack_dtype, sglang_tree_abi, tree_positions
 from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
 from .walk import sample_target_tokens, walk_greedy, walk_sample
@@ -19,6 +26,7 @@ __all__ = [
     "build_chain",
     "build_ddtree",
     "build_ddtree_from_topk",
+    "check_tree_temperature",
     "draft_topk",
     "merge_sharded_topk",
     "sample_target_tokens",

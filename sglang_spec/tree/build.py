@@ -15,6 +15,8 @@ lowest frontier slot wins), so they return identical trees; the CUDA tests check
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .types import DraftTree
@@ -46,11 +48,24 @@ def _canonical_order(logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tenso
     return logq_sorted, ids_sorted.gather(-1, perm)
 
 
-def draft_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def check_tree_temperature(temperature: float) -> float:
+    """The tree temperature must be a finite number > 0 (1 = the drafter's own distribution)."""
+    t = float(temperature)
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"tree temperature must be a finite number > 0 (1 = the drafter's distribution, "
+                         f"< 1 sharpens it); got {temperature!r}")
+    return t
+
+
+def draft_topk(draft_logits: torch.Tensor, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-softmax values and token ids of the ``k`` best tokens at every depth.
 
     ``draft_logits`` is ``[bs, L, V]``; returns float32 ``logq [bs, L, k]`` and int64 ``ids [bs, L, k]``
-    ordered by (logq descending, id ascending). The selection runs on the raw logits (the
+    ordered by (logq descending, id ascending). ``temperature`` scores the tree with
+    ``log_softmax(logits / temperature)``: the same tokens per depth, but < 1 sharpens each depth's
+    distribution, which shifts the best-first budget from siblings toward depth (any tree verifies
+    losslessly; it is a tuning knob for drafters whose probabilities understate how often their top
+    token is the target's choice). The selection runs on the raw logits (the
     log-softmax is monotone), so only ``[bs, L]`` log-sum-exps are computed over the vocabulary.
     Among tokens tied at the k-th value, the CPU keeps the lowest ids (stable sort); CUDA keeps
     ``torch.topk``'s choice (deterministic, and a full sort of the vocabulary would cost
@@ -60,7 +75,10 @@ def draft_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     V = draft_logits.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"k must be in [1, V={V}]; got {k}")
+    temperature = check_tree_temperature(temperature)
     logits = draft_logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     if logits.is_cuda:
         vals, ids = logits.topk(k, dim=-1)
     else:  # a stable sort keeps the lowest ids among tokens tied at the k-th value
@@ -182,10 +200,13 @@ def build_ddtree_from_topk(
     return DraftTree(tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L)
 
 
-def build_ddtree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor) -> DraftTree:
+def build_ddtree(
+    draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor, temperature: float = 1.0
+) -> DraftTree:
     """Select the ``budget`` highest-scoring draft prefixes from per-depth logits ``[bs, L, V]``.
 
-    Score = sum over depths of the log-softmax; ranks ``< K = min(budget, V)`` per depth.
+    Score = sum over depths of the log-softmax (of ``logits / temperature``, see :func:`draft_topk`);
+    ranks ``< K = min(budget, V)`` per depth.
     NaN logits raise ``ValueError`` on the CPU (see :func:`build_ddtree_from_topk` for CUDA).
     """
     budget = _check_budget(budget)
@@ -193,7 +214,7 @@ def build_ddtree(draft_logits: torch.Tensor, budget: int, root_tokens: torch.Ten
     if not draft_logits.is_cuda and torch.isnan(draft_logits).any():
         bad = torch.isnan(draft_logits).flatten(1).any(dim=1).nonzero().flatten().tolist()
         raise ValueError(f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits")
-    logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]))
+    logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]), temperature)
     return build_ddtree_from_topk(logq, ids, budget, root_tokens)
 
 
