@@ -25,7 +25,10 @@ Stages (``--stage a+b+c``; components run in the fixed order below, whatever ord
 Every invocation ends with reload checks of whatever exists in --out and prints the total size.
 
 Recommended H200 split (each < ~8 min): ``tokenizer+hybrid``, ``hybrid-dflash+mtp``,
-``qwen3+qwen3-dflash``. Step counts are fixed (reproducible); each training has a time box and
+``qwen3+qwen3-dflash``. The shipped drafters were retrained on the shipped targets with
+``bash benchmarks/h200_train_drafters.sh 320 HG:hybrid-dflash: ...`` (several variants side by side,
+``--set PATH=JSON`` overrides; benchmarks/results/drafter_variants_h200.md); the defaults below are
+the winners. Step counts are fixed (reproducible); each training has a time box and
 is shortened only if the steps/s measured after warm-up says it would not fit (recorded as
 ``shrunk`` in train_config.json). ``--time-budget-s`` rescales the boxes of this invocation.
 
