@@ -107,6 +107,34 @@ class HFTokenizerCodec:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def _server_error(e: Exception) -> dict:
+    """SGLang's body for an engine failure: an HTTP 500 response, or one SSE chunk mid-stream."""
+    return {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}}
+
+
+def _bad_request(e: Exception) -> web.Response:
+    return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": 400}}, status=400)
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def _open_sse(request) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+async def _close_sse(resp: web.StreamResponse, error: Exception | None = None) -> web.StreamResponse:
+    """End a stream as SGLang does: the error chunk (if the engine failed), then ``[DONE]``."""
+    if error is not None:
+        await resp.write(_sse(_server_error(error)))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -417,8 +445,7 @@ class CPUServer:
             sp = body.get("sampling_params") or {}
             sampling = self._sampling(sp, sp.get("max_new_tokens"))
         except (_BadRequest, TypeError, ValueError, IndexError) as e:
-            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": 400}},
-                                     status=400)
+            return _bad_request(e)
         rid = str(body.get("rid") or uuid.uuid4().hex)
         async with self._admit:
             with self._running():
@@ -433,15 +460,13 @@ class CPUServer:
                 async for out, finish, stats in steps:
                     pass
         except Exception as e:  # engine failure -> HTTP 500, the server keeps serving
-            return web.json_response({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error",
-                                                "code": 500}}, status=500)
+            return web.json_response(_server_error(e), status=500)
         self._finish_record(rid, len(input_ids), out, stats, "generate")
         return web.json_response({"text": self._text(out, finish), "output_ids": list(out),
                                   "meta_info": self._meta(rid, len(input_ids), out, finish, stats, True)})
 
     async def _generate_stream(self, request, rid, input_ids, sampling):
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        resp = await _open_sse(request)
         out, stats = [], None
         try:
             async with aclosing(self._run(rid, input_ids, sampling)) as steps:
@@ -449,16 +474,13 @@ class CPUServer:
                     final = finish is not None
                     chunk = {"text": self._text(out, finish), "output_ids": list(out),
                              "meta_info": self._meta(rid, len(input_ids), out, finish, stats, final)}
-                    await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    await resp.write(_sse(chunk))
             self._finish_record(rid, len(input_ids), out, stats, "generate")
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # client went away; _run's finally closed the engine generator
         except Exception as e:
-            err = {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}}
-            await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            return await _close_sse(resp, e)
+        return await _close_sse(resp)
 
     # --- /v1/chat/completions
     async def handle_chat(self, request):
@@ -473,8 +495,7 @@ class CPUServer:
             mnt = body.get("max_completion_tokens", body.get("max_tokens"))
             sampling = self._sampling(body, mnt)
         except (_BadRequest, TypeError, ValueError) as e:
-            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": 400}},
-                                     status=400)
+            return _bad_request(e)
         rid = "chatcmpl-" + uuid.uuid4().hex
         async with self._admit:
             with self._running():
@@ -502,8 +523,7 @@ class CPUServer:
                 async for out, finish, stats in steps:
                     pass
         except Exception as e:
-            return web.json_response({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error",
-                                                "code": 500}}, status=500)
+            return web.json_response(_server_error(e), status=500)
         self._finish_record(rid, len(input_ids), out, stats, "chat")
         meta = self._meta(rid, len(input_ids), out, finish, stats, True)
         resp = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
@@ -516,8 +536,7 @@ class CPUServer:
         return web.json_response(resp)
 
     async def _chat_stream(self, request, body, rid, input_ids, sampling):
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        resp = await _open_sse(request)
         created = int(time.time())
 
         def chunk(delta=None, finish_reason=None, **extra):
@@ -525,7 +544,7 @@ class CPUServer:
                                                  "logprobs": None}]
             d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
                  "choices": choices, **extra}
-            return b"data: " + json.dumps(d).encode() + b"\n\n"
+            return _sse(d)
 
         opts = body.get("stream_options") or {}
         out, finish, stats, sent = [], None, None, ""
@@ -549,11 +568,8 @@ class CPUServer:
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
-            err = {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}}
-            await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            return await _close_sse(resp, e)
+        return await _close_sse(resp)
 
 
 # ----------------------------------------------------------------------------------------------- running it
