@@ -30,7 +30,7 @@ import time
 import urllib.request
 
 PY = os.environ.get("SGLANG_KIT_PYTHON", sys.executable)
-PORT = 30000  # set from --port in main()
+PORT = 30000
 DEFAULT_PROMPTS = [
     "def fibonacci(n):",
     "import os\n\ndef list_python_files(root):\n    \"\"\"Return every .py file under root.\"\"\"\n",
@@ -211,14 +211,16 @@ def main():
     ap.add_argument("--sweep", default="", metavar="C_LIST",
                     help="also run a load-test sweep at these concurrencies (e.g. 1,2,4,8,16,32) against each "
                          "server, then write <out>/report (python -m loadtests.compare)")
-    ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--baseline", help="e2e.json of an earlier run whose AR server's greedy texts serve as "
                                        "reference when this run has no AR server")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
     args = ap.parse_args()
-    global PORT
-    PORT = args.port
+    baseline = None
+    if args.baseline:
+        baseline = next((r for r in json.load(open(args.baseline)) if r["label"].startswith("ar") and r["ok"]), None)
+        if baseline is None:
+            raise SystemExit(f"--baseline {args.baseline}: no successful AR server in that run to compare with")
     os.makedirs(args.out, exist_ok=True)
     site = "/tmp/gpukit/site"
     subprocess.run([PY, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", site, "."],
@@ -246,9 +248,6 @@ def main():
         if patch_report:
             results[-1]["patch_apply"] = patch_report
         json.dump(results, open(os.path.join(args.out, "e2e.json"), "w"), indent=1)
-    baseline = None
-    if args.baseline:
-        baseline = next(r for r in json.load(open(args.baseline)) if r["label"].startswith("ar") and r["ok"])
     summarize(results, baseline)
     if args.sweep:
         sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))
