@@ -89,11 +89,16 @@ import types
 import torch
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:  # `python benchmarks/gdn_verify.py` puts benchmarks/, not the repo root, on sys.path
+if (
+    _REPO not in sys.path
+):  # `python benchmarks/gdn_verify.py` puts benchmarks/, not the repo root, on sys.path
     sys.path.insert(0, _REPO)
-sys.path.append(os.path.join(_REPO, "tests"))  # sglang_kernel_gdn: the verify plumbing the kernel tests check
+sys.path.append(
+    os.path.join(_REPO, "tests")
+)  # sglang_kernel_gdn: the verify plumbing the kernel tests check
 
 from sglang_kernel_gdn import verify_conv, verify_recurrent  # noqa: E402
+
 from sglang_spec.bench.tree import _timer  # noqa: E402
 from sglang_spec.tree import TreeMaskMode, build_chain, build_ddtree, sglang_tree_abi  # noqa: E402
 
@@ -129,9 +134,13 @@ def layer_inputs(bs: int, n: int, pool: int, dims: dict, dtype, device, gen):
         return (scale * torch.randn(*shape, generator=gen)).to(device, dtype)
 
     c = dict(
-        mixed_qkv=rand(bs * n, C), a=rand(bs * n, HV), b=rand(bs * n, HV),
+        mixed_qkv=rand(bs * n, C),
+        a=rand(bs * n, HV),
+        b=rand(bs * n, HV),
         conv_weight=rand(C, CONV_KERNEL, scale=0.5),
-        A_log=(0.05 + 0.55 * torch.rand(HV, generator=gen)).log().to(device),  # decay exp(g) ~ 0.5..0.97
+        A_log=(0.05 + 0.55 * torch.rand(HV, generator=gen))
+        .log()
+        .to(device),  # decay exp(g) ~ 0.5..0.97
         dt_bias=rand(HV, scale=0.3),
         cache_indices=torch.randperm(pool, generator=gen)[:bs].to(device, torch.int32),
         **dims,
@@ -143,9 +152,14 @@ def layer_inputs(bs: int, n: int, pool: int, dims: dict, dtype, device, gen):
 
 def with_tree(c: dict, tree, device) -> dict:
     """``c`` plus the tree's ``retrieve_next_token`` / ``retrieve_next_sibling`` (built on the CPU)."""
-    abi = sglang_tree_abi(tree, torch.zeros(tree.batch_size, dtype=torch.long), mode=TreeMaskMode.QLEN_ONLY)
-    return dict(c, retrieve_next_token=abi.retrieve_next_token.to(device),
-                retrieve_next_sibling=abi.retrieve_next_sibling.to(device))
+    abi = sglang_tree_abi(
+        tree, torch.zeros(tree.batch_size, dtype=torch.long), mode=TreeMaskMode.QLEN_ONLY
+    )
+    return dict(
+        c,
+        retrieve_next_token=abi.retrieve_next_token.to(device),
+        retrieve_next_sibling=abi.retrieve_next_sibling.to(device),
+    )
 
 
 def verify_step(kern, c: dict, conv_pool, ssm_pool, tree: bool):
@@ -159,10 +173,16 @@ def verify_step(kern, c: dict, conv_pool, ssm_pool, tree: bool):
         window = torch.zeros(rows, n, C, CONV_KERNEL - 1, dtype=conv_pool.dtype, device=dev)
     else:  # deduplicated: token t's window is columns t..t+K-2 of one shared [C, n+K-2] buffer (:598)
         shared = torch.zeros(rows, C, n + CONV_KERNEL - 2, dtype=conv_pool.dtype, device=dev)
-        window = shared.as_strided((rows, n, C, CONV_KERNEL - 1), (shared.stride(0), 1, shared.stride(1), 1))
+        window = shared.as_strided(
+            (rows, n, C, CONV_KERNEL - 1), (shared.stride(0), 1, shared.stride(1), 1)
+        )
     HV, dk, dv = c["num_v_heads"], c["head_k_dim"], c["head_v_dim"]
-    s = dict(conv_states=conv_pool.clone(), ssm_states=ssm_pool.clone(), intermediate_conv_window=window,
-             intermediate_ssm=torch.zeros(rows, n, HV, dv, dk, device=dev))
+    s = dict(
+        conv_states=conv_pool.clone(),
+        ssm_states=ssm_pool.clone(),
+        intermediate_conv_window=window,
+        intermediate_ssm=torch.zeros(rows, n, HV, dv, dk, device=dev),
+    )
     state_rows = torch.arange(bs, dtype=torch.int32, device=dev)
     query_start_loc = torch.arange(0, T + 1, n, dtype=torch.int32, device=dev)
     parents = torch.empty_like(c["retrieve_next_token"]) if tree else None
@@ -171,8 +191,16 @@ def verify_step(kern, c: dict, conv_pool, ssm_pool, tree: bool):
         s["conv_out"] = verify_conv(kern, c, s["conv_states"], window, state_rows, parents)
 
     def recurrent():
-        s["core"] = verify_recurrent(kern, c, s["conv_out"], s["ssm_states"], query_start_loc,
-                                     s["intermediate_ssm"], state_rows, parents)
+        s["core"] = verify_recurrent(
+            kern,
+            c,
+            s["conv_out"],
+            s["ssm_states"],
+            query_start_loc,
+            s["intermediate_ssm"],
+            state_rows,
+            parents,
+        )
 
     return conv, recurrent, s
 
@@ -183,7 +211,9 @@ def check_chain(kern, c: dict, conv_pool, ssm_pool, gen) -> tuple[float, float, 
     |difference| / (1e-5 + eps |x|) of the conv outputs; all within tolerance)."""
     bs = c["cache_indices"].shape[0]
     n = c["mixed_qkv"].shape[0] // bs
-    chain = build_chain(torch.randn(bs, n - 1, VOCAB, generator=gen), torch.zeros(bs, dtype=torch.long))
+    chain = build_chain(
+        torch.randn(bs, n - 1, VOCAB, generator=gen), torch.zeros(bs, dtype=torch.long)
+    )
     c = with_tree(c, chain, c["mixed_qkv"].device)
     (tree_conv, tree_rec, t), (chain_conv, chain_rec, ch) = (
         verify_step(kern, c, conv_pool, ssm_pool, tree) for tree in (True, False)
@@ -193,7 +223,11 @@ def check_chain(kern, c: dict, conv_pool, ssm_pool, gen) -> tuple[float, float, 
     # The two conv paths add the K taps in opposite orders, so their outputs agree to one rounding step of
     # the activation dtype; for an exact comparison of the recurrent kernels both then get chain mode's.
     got, want = t["conv_out"].float(), ch["conv_out"].float()
-    conv_err = float(((got - want).abs() / (CHECK_TOL + torch.finfo(c["mixed_qkv"].dtype).eps * want.abs())).max())
+    conv_err = float(
+        (
+            (got - want).abs() / (CHECK_TOL + torch.finfo(c["mixed_qkv"].dtype).eps * want.abs())
+        ).max()
+    )
     close = conv_err <= 1
     t["conv_out"] = ch["conv_out"]
     tree_rec()
@@ -243,8 +277,17 @@ def checks_in_parallel(args) -> dict:
     procs = {}
     for bs in args.bs:
         for n in args.widths:
-            cmd = [sys.executable, os.path.abspath(__file__), "--device", args.device, "--bs", *map(str, args.bs),
-                   "--check-cell", str(bs), str(n)] + (["--tiny"] if args.tiny else [])
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--device",
+                args.device,
+                "--bs",
+                *map(str, args.bs),
+                "--check-cell",
+                str(bs),
+                str(n),
+            ] + (["--tiny"] if args.tiny else [])
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             procs[bs, n] = (subprocess.Popen(cmd, stdout=out, stderr=err, text=True), out, err)
     checks = {}
@@ -254,8 +297,10 @@ def checks_in_parallel(args) -> dict:
         err.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith("CHECK ")]
         if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"check of (bs, N) = {cell} failed (rc={proc.returncode}):\n{err.read()[-6000:]}")
-        checks[cell] = json.loads(lines[-1][len("CHECK "):])
+            raise RuntimeError(
+                f"check of (bs, N) = {cell} failed (rc={proc.returncode}):\n{err.read()[-6000:]}"
+            )
+        checks[cell] = json.loads(lines[-1][len("CHECK ") :])
     return checks
 
 
@@ -267,38 +312,84 @@ def run(args) -> int:
     kern = load_kernels()
     dims, dtype = args.dims, args.dtype
     C = 2 * dims["num_k_heads"] * dims["head_k_dim"] + dims["num_v_heads"] * dims["head_v_dim"]
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else "CPU, Triton interpreter (smoke run, times meaningless)")
-    how = (f"median of {args.reps} replays of a CUDA graph of {CALLS} calls" if device.type == "cuda"
-           else f"median of {args.reps} eager calls")
-    print(f"# SGLang 0.5.23 GDN TARGET_VERIFY, one layer, {'tiny' if args.tiny else 'Qwen3.6-27B-like, assumed'}: "
-          f"{dims['num_k_heads']} q/k heads, {dims['num_v_heads']} v heads, head_k_dim {dims['head_k_dim']}, "
-          f"head_v_dim {dims['head_v_dim']}, conv kernel {CONV_KERNEL} (conv_dim {C})")
-    print(f"# {where}; torch {torch.__version__}, triton {triton.__version__}; {str(dtype)[6:]} activations and "
-          f"conv state, fp32 SSM state; pool {max(args.bs) + 1} rows; trees: build_ddtree (L={L}, budget N-1) on "
-          "random logits")
-    print(f"# µs per call, {how}; check: tree mode on a one-path tree vs chain mode -- conv windows, conv pool, "
-          f"SSM snapshots and core outputs to rtol = atol = {CHECK_TOL:g}, conv outputs to one {str(dtype)[6:]} step "
-          f"(tol = {CHECK_TOL:g} + eps * |x|)")
-    cols = ["bs", "N", "conv tree", "conv chain", "recurrent tree", "recurrent chain", "verify tree",
-            "verify chain", "tree/chain", "check: max abs diff", "check: conv out max diff/tol"]
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else "CPU, Triton interpreter (smoke run, times meaningless)"
+    )
+    how = (
+        f"median of {args.reps} replays of a CUDA graph of {CALLS} calls"
+        if device.type == "cuda"
+        else f"median of {args.reps} eager calls"
+    )
+    print(
+        f"# SGLang 0.5.23 GDN TARGET_VERIFY, one layer, {'tiny' if args.tiny else 'Qwen3.6-27B-like, assumed'}: "
+        f"{dims['num_k_heads']} q/k heads, {dims['num_v_heads']} v heads, head_k_dim {dims['head_k_dim']}, "
+        f"head_v_dim {dims['head_v_dim']}, conv kernel {CONV_KERNEL} (conv_dim {C})"
+    )
+    print(
+        f"# {where}; torch {torch.__version__}, triton {triton.__version__}; {str(dtype)[6:]} activations and "
+        f"conv state, fp32 SSM state; pool {max(args.bs) + 1} rows; trees: build_ddtree (L={L}, budget N-1) on "
+        "random logits"
+    )
+    print(
+        f"# µs per call, {how}; check: tree mode on a one-path tree vs chain mode -- conv windows, conv pool, "
+        f"SSM snapshots and core outputs to rtol = atol = {CHECK_TOL:g}, conv outputs to one {str(dtype)[6:]} step "
+        f"(tol = {CHECK_TOL:g} + eps * |x|)"
+    )
+    cols = [
+        "bs",
+        "N",
+        "conv tree",
+        "conv chain",
+        "recurrent tree",
+        "recurrent chain",
+        "verify tree",
+        "verify chain",
+        "tree/chain",
+        "check: max abs diff",
+        "check: conv out max diff/tol",
+    ]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for bs in args.bs:
         for n in args.widths:
             (c, conv_pool, ssm_pool), gen = cell_inputs(args, bs, n, device)
-            tree = build_ddtree(3 * torch.randn(bs, L, VOCAB, generator=gen), n - 1, torch.zeros(bs, dtype=torch.long))
+            tree = build_ddtree(
+                3 * torch.randn(bs, L, VOCAB, generator=gen),
+                n - 1,
+                torch.zeros(bs, dtype=torch.long),
+            )
             assert tree.width == n, (tree.width, n)
             c = with_tree(c, tree, device)
             times = {}
             for mode in ("tree", "chain"):
                 conv, recurrent, _ = verify_step(kern, c, conv_pool, ssm_pool, mode == "tree")
-                times[mode] = (time_us(conv, device, args.reps), time_us(recurrent, device, args.reps))
+                times[mode] = (
+                    time_us(conv, device, args.reps),
+                    time_us(recurrent, device, args.reps),
+                )
             (ct, rt), (cc, rc) = times["tree"], times["chain"]
             check = checks[bs, n]
-            row = [bs, n, ct, cc, rt, rc, ct + rt, cc + rc, f"{(ct + rt) / (cc + rc):.2f}", f"{check['diff']:.1e}",
-                   f"{check['conv_err']:.2f}" + ("" if check["close"] else " FAIL")]
-            print("| " + " | ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in row) + " |", flush=True)
+            row = [
+                bs,
+                n,
+                ct,
+                cc,
+                rt,
+                rc,
+                ct + rt,
+                cc + rc,
+                f"{(ct + rt) / (cc + rc):.2f}",
+                f"{check['diff']:.1e}",
+                f"{check['conv_err']:.2f}" + ("" if check["close"] else " FAIL"),
+            ]
+            print(
+                "| "
+                + " | ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in row)
+                + " |",
+                flush=True,
+            )
     failed = [cell for cell, check in checks.items() if not check["close"]]
     if failed:
         print(f"CHECK FAILED (tree mode on a chain != chain mode) for (bs, N) in {failed}")
@@ -317,11 +408,17 @@ def check_cell(args, bs: int, n: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python benchmarks/gdn_verify.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/gdn_verify.py", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--tiny", action="store_true", help="tiny heads, bs 1, N 17, 2 reps (the CPU smoke run)")
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny heads, bs 1, N 17, 2 reps (the CPU smoke run)"
+    )
     p.add_argument("--bs", type=int, nargs="+", help="batch sizes (default 1 8 32; --tiny: 1)")
-    p.add_argument("--widths", type=int, nargs="+", help="verify widths N (default 17 65 129; --tiny: 17)")
+    p.add_argument(
+        "--widths", type=int, nargs="+", help="verify widths N (default 17 65 129; --tiny: 17)"
+    )
     p.add_argument("--reps", type=int, help="timed repetitions per cell (default 50; --tiny: 2)")
     p.add_argument("--check-cell", type=int, nargs=2, metavar=("BS", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -329,7 +426,9 @@ def main(argv=None) -> int:
     args.widths = args.widths or ([17] if args.tiny else [17, 65, 129])
     args.reps = args.reps or (2 if args.tiny else 50)
     args.dims = TINY if args.tiny else QWEN36_27B_LIKE
-    args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32  # the Triton interpreter garbles bf16
+    args.dtype = (
+        torch.bfloat16 if args.device == "cuda" else torch.float32
+    )  # the Triton interpreter garbles bf16
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     elif os.environ.get("TRITON_INTERPRET") == "1":

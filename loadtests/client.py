@@ -70,14 +70,24 @@ class RequestSpec:
 
 def build_payload(spec: RequestSpec) -> dict:
     if spec.api == GENERATE:
-        sp = {"max_new_tokens": spec.max_new_tokens, "temperature": spec.temperature, "ignore_eos": spec.ignore_eos}
+        sp = {
+            "max_new_tokens": spec.max_new_tokens,
+            "temperature": spec.temperature,
+            "ignore_eos": spec.ignore_eos,
+        }
         if spec.top_p < 1.0:
             sp["top_p"] = spec.top_p
         body = {"text": spec.prompt, "sampling_params": sp, "stream": spec.stream}
     elif spec.api == CHAT:
-        body = {"model": spec.model, "messages": [{"role": "user", "content": spec.prompt}],
-                "max_completion_tokens": spec.max_new_tokens, "temperature": spec.temperature,
-                "stream": spec.stream, "ignore_eos": spec.ignore_eos, "return_spec_tokens_details": True}
+        body = {
+            "model": spec.model,
+            "messages": [{"role": "user", "content": spec.prompt}],
+            "max_completion_tokens": spec.max_new_tokens,
+            "temperature": spec.temperature,
+            "stream": spec.stream,
+            "ignore_eos": spec.ignore_eos,
+            "return_spec_tokens_details": True,
+        }
         if spec.stream:
             body["stream_options"] = {"include_usage": True}
         if spec.top_p < 1.0:
@@ -101,7 +111,7 @@ async def iter_sse(response: aiohttp.ClientResponse):
             nl = buf.find(b"\n")
             if nl < 0:
                 break
-            line, buf = buf[:nl].strip(), buf[nl + 1:]
+            line, buf = buf[:nl].strip(), buf[nl + 1 :]
             if not line or line.startswith(b":") or line.startswith(b"event:"):
                 continue
             yield line[5:].strip() if line.startswith(b"data:") else line
@@ -119,18 +129,22 @@ def _error_text(data: dict) -> str | None:
     return f"server error: {err}"
 
 
-async def send_request(session: aiohttp.ClientSession, spec: RequestSpec, prompt_len: int = 0) -> RequestResult:
+async def send_request(
+    session: aiohttp.ClientSession, spec: RequestSpec, prompt_len: int = 0
+) -> RequestResult:
     out = RequestResult(prompt_len=prompt_len)
     try:
         await asyncio.wait_for(_send(session, spec, out), timeout=spec.timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         out.success, out.error = False, f"timeout after {spec.timeout:g}s"
     except asyncio.CancelledError:
         raise
     except Exception as e:  # connection refused/reset, bad JSON, ... counted, never fatal
         out.success, out.error = False, f"{type(e).__name__}: {e}"
     if not out.success:
-        out.latency = out.latency or (time.perf_counter() - out.start_time if out.start_time else 0.0)
+        out.latency = out.latency or (
+            time.perf_counter() - out.start_time if out.start_time else 0.0
+        )
     if not spec.keep_text:
         out.generated_text = ""
     return out
@@ -173,12 +187,19 @@ def _absorb_final(api: str, data: dict, out: RequestResult) -> None:
         out.finish_reason = choice.get("finish_reason")
         out.output_len = (data.get("usage") or {}).get("completion_tokens", 0)
         out.prompt_len = int((data.get("usage") or {}).get("prompt_tokens") or out.prompt_len)
-        _absorb_spec(((data.get("sglext") or {}).get("spec_tokens_details")) or choice.get("meta_info") or {}, out)
+        _absorb_spec(
+            ((data.get("sglext") or {}).get("spec_tokens_details"))
+            or choice.get("meta_info")
+            or {},
+            out,
+        )
 
 
 def _absorb_meta(meta: dict, out: RequestResult) -> None:
     if meta.get("prompt_tokens"):
-        out.prompt_len = int(meta["prompt_tokens"])  # the server's count, as bench_serving records it
+        out.prompt_len = int(
+            meta["prompt_tokens"]
+        )  # the server's count, as bench_serving records it
     if "completion_tokens" in meta:
         out.output_len = int(meta["completion_tokens"])
     if meta.get("finish_reason") is not None:
@@ -276,7 +297,9 @@ async def _stream_chat(resp, st: float, out: RequestResult) -> None:
         out.error = "stream ended without [DONE]"
         return
     if usage_tokens is None:
-        out.error = "no usage chunk (server ignored stream_options.include_usage); token count unknown"
+        out.error = (
+            "no usage chunk (server ignored stream_options.include_usage); token count unknown"
+        )
         return
     out.output_len = int(usage_tokens)
     out.success = True

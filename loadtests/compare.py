@@ -26,9 +26,21 @@ from pathlib import Path
 
 CHAIN_ALGORITHMS = ("NEXTN", "EAGLE3", "EAGLE")
 METRICS = (
-    "output_throughput", "median_per_request_output_throughput", "accept_length", "tokens_per_step",
-    "mean_spec_accept_length", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p90_itl_ms",
-    "p99_itl_ms", "p99_chunk_gap_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms", "request_throughput",
+    "output_throughput",
+    "median_per_request_output_throughput",
+    "accept_length",
+    "tokens_per_step",
+    "mean_spec_accept_length",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "p90_itl_ms",
+    "p99_itl_ms",
+    "p99_chunk_gap_ms",
+    "median_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "request_throughput",
 )
 
 
@@ -46,7 +58,9 @@ def load_records(paths: list[str]) -> list[dict]:
                     print(f"[compare] {path}:{n}: skipped, invalid JSON ({e})", file=sys.stderr)
                     continue
                 if "max_concurrency" not in r or "output_throughput" not in r:
-                    print(f"[compare] {path}:{n}: skipped, not a sweep level record", file=sys.stderr)
+                    print(
+                        f"[compare] {path}:{n}: skipped, not a sweep level record", file=sys.stderr
+                    )
                     continue
                 r["_file"] = str(path)
                 recs.append(r)
@@ -65,8 +79,12 @@ class Run:
         for r in records:
             by_c[int(r["max_concurrency"])].append(r)
         for c, rs in sorted(by_c.items()):
-            agg = {"n_records": len(rs), "interrupted": any(r.get("interrupted") for r in rs),
-                   "completed": sum(r.get("completed", 0) for r in rs), "failed": sum(r.get("failed", 0) for r in rs)}
+            agg = {
+                "n_records": len(rs),
+                "interrupted": any(r.get("interrupted") for r in rs),
+                "completed": sum(r.get("completed", 0) for r in rs),
+                "failed": sum(r.get("failed", 0) for r in rs),
+            }
             for m in METRICS:
                 vals = [r[m] for r in rs if isinstance(r.get(m), (int, float))]
                 agg[m] = statistics.median(vals) if vals else None
@@ -84,12 +102,18 @@ class Run:
 def group(records: list[dict]) -> dict[str, dict[str, Run]]:
     by = defaultdict(lambda: defaultdict(list))
     for r in records:
-        by[str(r.get("model") or "unknown")][str(r.get("label") or r.get("algorithm") or "run")].append(r)
+        by[str(r.get("model") or "unknown")][
+            str(r.get("label") or r.get("algorithm") or "run")
+        ].append(r)
     return {m: {lab: Run(lab, rs) for lab, rs in labs.items()} for m, labs in by.items()}
 
 
-def pick_baselines(runs: dict[str, Run], ar: str | None, nextn: str | None) -> tuple[str | None, str | None]:
-    ar_label = ar if ar in runs else next((lab for lab, r in runs.items() if r.algorithm == "AR"), None)
+def pick_baselines(
+    runs: dict[str, Run], ar: str | None, nextn: str | None
+) -> tuple[str | None, str | None]:
+    ar_label = (
+        ar if ar in runs else next((lab for lab, r in runs.items() if r.algorithm == "AR"), None)
+    )
     chain = nextn if nextn in runs else None
     if chain is None:
         for alg in CHAIN_ALGORITHMS:
@@ -99,7 +123,9 @@ def pick_baselines(runs: dict[str, Run], ar: str | None, nextn: str | None) -> t
     return ar_label, chain
 
 
-def ratio(runs: dict[str, Run], label: str, base: str | None, c: int, metric: str = "output_throughput"):
+def ratio(
+    runs: dict[str, Run], label: str, base: str | None, c: int, metric: str = "output_throughput"
+):
     if base is None or base not in runs:
         return None
     a, b = runs[label].get(c, metric), runs[base].get(c, metric)
@@ -113,8 +139,14 @@ def slug(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- plots
-def _plot(path: Path, title: str, ylabel: str, series: dict[str, list[tuple[int, float]]], hline: float | None = None,
-          ymin: float | None = 0.0):
+def _plot(
+    path: Path,
+    title: str,
+    ylabel: str,
+    series: dict[str, list[tuple[int, float]]],
+    hline: float | None = None,
+    ymin: float | None = 0.0,
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,49 +200,96 @@ def _table(runs: dict[str, Run], cs: list[int], cell) -> list[str]:
     return lines
 
 
-def write_report(records: list[dict], outdir: Path, ar: str | None = None, nextn: str | None = None,
-                 title: str = "Speculative decoding load test") -> Path:
+def write_report(
+    records: list[dict],
+    outdir: Path,
+    ar: str | None = None,
+    nextn: str | None = None,
+    title: str = "Speculative decoding load test",
+) -> Path:
     outdir.mkdir(parents=True, exist_ok=True)
     models = group(records)
-    md = [f"# {title}", "",
-          f"{len(records)} level records from {len({r['_file'] for r in records})} file(s): "
-          + ", ".join(f"`{f}`" for f in sorted({r['_file'] for r in records})), "",
-          "Output tok/s = successful output tokens / level wall time; per-request tok/s = output tokens / "
-          "end-to-end latency (median over requests); speed-ups are output-throughput ratios at equal concurrency; "
-          "acceptance = server `avg_spec_accept_length` for the level (after `/flush_cache`), else completion "
-          "tokens / `spec_verify_ct`. `*` = level interrupted.", ""]
+    md = [
+        f"# {title}",
+        "",
+        f"{len(records)} level records from {len({r['_file'] for r in records})} file(s): "
+        + ", ".join(f"`{f}`" for f in sorted({r["_file"] for r in records})),
+        "",
+        "Output tok/s = successful output tokens / level wall time; per-request tok/s = output tokens / "
+        "end-to-end latency (median over requests); speed-ups are output-throughput ratios at equal concurrency; "
+        "acceptance = server `avg_spec_accept_length` for the level (after `/flush_cache`), else completion "
+        "tokens / `spec_verify_ct`. `*` = level interrupted.",
+        "",
+    ]
     for model, runs in models.items():
-        runs = dict(sorted(runs.items(), key=lambda kv: (kv[1].algorithm != "AR", kv[1].algorithm not in CHAIN_ALGORITHMS, kv[0])))
+        runs = dict(
+            sorted(
+                runs.items(),
+                key=lambda kv: (
+                    kv[1].algorithm != "AR",
+                    kv[1].algorithm not in CHAIN_ALGORITHMS,
+                    kv[0],
+                ),
+            )
+        )
         ar_label, chain_label = pick_baselines(runs, ar, nextn)
         cs = sorted({c for r in runs.values() for c in r.levels})
         s = slug(model)
-        md += [f"## {model}", "",
-               f"Baselines: AR = `{ar_label or 'none'}`, chain (NEXTN) = `{chain_label or 'none'}`.", "",
-               "| run | algorithm | server config | api | prompts | max new tokens | T | records |",
-               "|---|---|---|---|---|---:|---:|---:|"]
+        md += [
+            f"## {model}",
+            "",
+            f"Baselines: AR = `{ar_label or 'none'}`, chain (NEXTN) = `{chain_label or 'none'}`.",
+            "",
+            "| run | algorithm | server config | api | prompts | max new tokens | T | records |",
+            "|---|---|---|---|---|---:|---:|---:|",
+        ]
         for label, run in runs.items():
             r0 = run.records[0]
-            md.append(f"| {label} | {run.algorithm} | {r0.get('server_config') or '–'} | {r0.get('api', '–')} | "
-                      f"{Path(str(r0.get('dataset_name', '–'))).name} | {r0.get('max_new_tokens', '–')} | "
-                      f"{r0.get('temperature', '–')} | {len(run.records)} |")
+            md.append(
+                f"| {label} | {run.algorithm} | {r0.get('server_config') or '–'} | {r0.get('api', '–')} | "
+                f"{Path(str(r0.get('dataset_name', '–'))).name} | {r0.get('max_new_tokens', '–')} | "
+                f"{r0.get('temperature', '–')} | {len(run.records)} |"
+            )
         md += ["", "### Output throughput (tok/s)", ""]
         md += _table(runs, cs, lambda lab, run, c: _fmt(run.get(c, "output_throughput")))
         md += ["", "### Per-request tok/s (median)", ""]
-        md += _table(runs, cs, lambda lab, run, c: _fmt(run.get(c, "median_per_request_output_throughput")))
+        md += _table(
+            runs, cs, lambda lab, run, c: _fmt(run.get(c, "median_per_request_output_throughput"))
+        )
         md += ["", f"### Speed-up over AR (`{ar_label or 'none'}`), output throughput", ""]
         md += _table(runs, cs, lambda lab, run, c: _fmt(ratio(runs, lab, ar_label, c), ".2f", "×"))
-        md += ["", f"### Speed-up over NEXTN / chain (`{chain_label or 'none'}`), output throughput", ""]
-        md += _table(runs, cs, lambda lab, run, c: _fmt(ratio(runs, lab, chain_label, c), ".2f", "×"))
+        md += [
+            "",
+            f"### Speed-up over NEXTN / chain (`{chain_label or 'none'}`), output throughput",
+            "",
+        ]
+        md += _table(
+            runs, cs, lambda lab, run, c: _fmt(ratio(runs, lab, chain_label, c), ".2f", "×")
+        )
         md += ["", "### Per-request speed-up over AR (median per-request tok/s)", ""]
-        md += _table(runs, cs, lambda lab, run, c: _fmt(
-            ratio(runs, lab, ar_label, c, "median_per_request_output_throughput"), ".2f", "×"))
+        md += _table(
+            runs,
+            cs,
+            lambda lab, run, c: _fmt(
+                ratio(runs, lab, ar_label, c, "median_per_request_output_throughput"), ".2f", "×"
+            ),
+        )
         md += ["", "### Acceptance: server accept length / per-request tokens per step", ""]
-        md += _table(runs, cs, lambda lab, run, c: (
-            f"{_fmt(run.get(c, 'accept_length'), '.2f')} / {_fmt(run.get(c, 'tokens_per_step'), '.2f')}"))
-        md += ["", "### Latency and errors", "",
-               "| run | C | ok | err | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 | ITL p90 | ITL p99 ms | "
-               "chunk gap p99 ms | E2E p50 s | E2E p99 s |",
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        md += _table(
+            runs,
+            cs,
+            lambda lab, run, c: (
+                f"{_fmt(run.get(c, 'accept_length'), '.2f')} / {_fmt(run.get(c, 'tokens_per_step'), '.2f')}"
+            ),
+        )
+        md += [
+            "",
+            "### Latency and errors",
+            "",
+            "| run | C | ok | err | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | ITL p50 | ITL p90 | ITL p99 ms | "
+            "chunk gap p99 ms | E2E p50 s | E2E p99 s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for label, run in runs.items():
             for c, lv in run.levels.items():
                 md.append(
@@ -219,28 +298,67 @@ def write_report(records: list[dict], outdir: Path, ar: str | None = None, nextn
                     f"{_fmt(lv['median_itl_ms'], '.2f')} | {_fmt(lv['p90_itl_ms'], '.2f')} | {_fmt(lv['p99_itl_ms'], '.2f')} | "
                     f"{_fmt(lv['p99_chunk_gap_ms'], '.2f')} | "
                     f"{_fmt(None if lv['median_e2e_latency_ms'] is None else lv['median_e2e_latency_ms'] / 1000, '.2f')} | "
-                    f"{_fmt(None if lv['p99_e2e_latency_ms'] is None else lv['p99_e2e_latency_ms'] / 1000, '.2f')} |")
+                    f"{_fmt(None if lv['p99_e2e_latency_ms'] is None else lv['p99_e2e_latency_ms'] / 1000, '.2f')} |"
+                )
 
         plots = {
-            "throughput": ("Output throughput", "output tok/s",
-                           {lab: [(c, r.get(c, "output_throughput")) for c in cs] for lab, r in runs.items()}, None),
-            "per_request": ("Per-request throughput (median)", "tok/s per request",
-                            {lab: [(c, r.get(c, "median_per_request_output_throughput")) for c in cs]
-                             for lab, r in runs.items()}, None),
-            "speedup_ar": (f"Speed-up over AR (run {ar_label or 'none'})", "× output throughput",
-                           {lab: [(c, ratio(runs, lab, ar_label, c)) for c in cs]
-                            for lab in runs if lab != ar_label}, 1.0),
-            "speedup_nextn": (f"Speed-up over NEXTN/chain (run {chain_label or 'none'})", "× output throughput",
-                              {lab: [(c, ratio(runs, lab, chain_label, c)) for c in cs]
-                               for lab in runs if lab not in (chain_label, ar_label)}, 1.0),
-            "acceptance": ("Acceptance (tokens per verify step)", "accept length",
-                           {lab: [(c, r.acceptance(c)) for c in cs] for lab, r in runs.items() if r.algorithm != "AR"},
-                           None),
+            "throughput": (
+                "Output throughput",
+                "output tok/s",
+                {lab: [(c, r.get(c, "output_throughput")) for c in cs] for lab, r in runs.items()},
+                None,
+            ),
+            "per_request": (
+                "Per-request throughput (median)",
+                "tok/s per request",
+                {
+                    lab: [(c, r.get(c, "median_per_request_output_throughput")) for c in cs]
+                    for lab, r in runs.items()
+                },
+                None,
+            ),
+            "speedup_ar": (
+                f"Speed-up over AR (run {ar_label or 'none'})",
+                "× output throughput",
+                {
+                    lab: [(c, ratio(runs, lab, ar_label, c)) for c in cs]
+                    for lab in runs
+                    if lab != ar_label
+                },
+                1.0,
+            ),
+            "speedup_nextn": (
+                f"Speed-up over NEXTN/chain (run {chain_label or 'none'})",
+                "× output throughput",
+                {
+                    lab: [(c, ratio(runs, lab, chain_label, c)) for c in cs]
+                    for lab in runs
+                    if lab not in (chain_label, ar_label)
+                },
+                1.0,
+            ),
+            "acceptance": (
+                "Acceptance (tokens per verify step)",
+                "accept length",
+                {
+                    lab: [(c, r.acceptance(c)) for c in cs]
+                    for lab, r in runs.items()
+                    if r.algorithm != "AR"
+                },
+                None,
+            ),
         }
         md += ["", "### Plots", ""]
         for key, (ptitle, ylabel, series, hline) in plots.items():
             fname = f"{s}_{key}.png"
-            _plot(outdir / fname, f"{model}: {ptitle}", ylabel, series, hline, ymin=1.0 if key == "acceptance" else 0.0)
+            _plot(
+                outdir / fname,
+                f"{model}: {ptitle}",
+                ylabel,
+                series,
+                hline,
+                ymin=1.0 if key == "acceptance" else 0.0,
+            )
             md.append(f"![{ptitle}]({fname})")
         md.append("")
     report = outdir / "report.md"
@@ -249,11 +367,17 @@ def write_report(records: list[dict], outdir: Path, ar: str | None = None, nextn
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.compare", description=__doc__.splitlines()[0]
+    )
     p.add_argument("runs", nargs="+", help="JSONL files written by loadtests.sweep")
     p.add_argument("-o", "--output-dir", default="loadtest_report")
-    p.add_argument("--ar", default=None, help="label of the AR baseline (default: the run with algorithm AR)")
-    p.add_argument("--nextn", default=None, help="label of the chain baseline (default: NEXTN, else EAGLE3)")
+    p.add_argument(
+        "--ar", default=None, help="label of the AR baseline (default: the run with algorithm AR)"
+    )
+    p.add_argument(
+        "--nextn", default=None, help="label of the chain baseline (default: NEXTN, else EAGLE3)"
+    )
     p.add_argument("--title", default="Speculative decoding load test")
     a = p.parse_args(argv)
     missing = [r for r in a.runs if not Path(r).is_file()]

@@ -18,7 +18,9 @@ import numpy as np
 from loadtests.client import RequestResult
 
 
-def _stats(prefix: str, values_s: list[float], unit_scale: float = 1000.0, suffix: str = "_ms") -> dict:
+def _stats(
+    prefix: str, values_s: list[float], unit_scale: float = 1000.0, suffix: str = "_ms"
+) -> dict:
     out = {}
     arr = np.asarray(values_s, dtype=float) * unit_scale
     for name, fn in (("mean", np.mean), ("median", np.median), ("std", np.std)):
@@ -40,10 +42,16 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     itls = [x for r in ok for x in r.itl]
     gaps = [x for r in ok for x in r.chunk_gaps]
     per_req_tps = [r.output_len / r.latency for r in ok if r.latency > 0]
-    decode_tps = [(r.output_len - 1) / (r.latency - r.ttft) for r in ok if r.output_len > 1 and r.latency > r.ttft]
+    decode_tps = [
+        (r.output_len - 1) / (r.latency - r.ttft)
+        for r in ok
+        if r.output_len > 1 and r.latency > r.ttft
+    ]
 
     spec = [r for r in ok if r.spec_verify_ct > 0]
-    tokens_per_step = (sum(r.output_len for r in spec) / sum(r.spec_verify_ct for r in spec)) if spec else None
+    tokens_per_step = (
+        (sum(r.output_len for r in spec) / sum(r.spec_verify_ct for r in spec)) if spec else None
+    )
 
     s = {
         "completed": len(ok),
@@ -64,7 +72,9 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         **_stats("per_request_decode_throughput", decode_tps, unit_scale=1.0, suffix=""),
         "concurrency": sum(r.latency for r in ok) / dur,  # bench_serving: mean in-flight requests
         "tokens_per_step": tokens_per_step,
-        "mean_spec_accept_length": float(np.mean([r.spec_accept_length for r in spec])) if spec else None,
+        "mean_spec_accept_length": float(np.mean([r.spec_accept_length for r in spec]))
+        if spec
+        else None,
         "spec_requests": len(spec),
         "error_types": dict(Counter(_error_kind(r.error) for r in failed)),
         # Per-request arrays, as bench_serving writes them.

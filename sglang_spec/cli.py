@@ -13,18 +13,36 @@ import sys
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("sglang_spec.demo", "AR vs DFLASH vs DDTREE on the bundled tiny pair (CPU, reference engine)"),
-    "bench-tree": ("sglang_spec.bench.tree", "time DDTree build / layout / walk against the reference port"),
-    "serve": ("sglang_spec.serving.launch", "start an SGLang server from server_configs/ and wait for /health"),
-    "cpu-server": ("sglang_spec.serving.cpu_server", "CPU demo/test server with SGLang's HTTP API (not a production engine)"),
-    "patch": ("sglang_spec.patching", "apply / check / revert the patch set for the installed SGLang pin"),
+    "demo": (
+        "sglang_spec.demo",
+        "AR vs DFLASH vs DDTREE on the bundled tiny pair (CPU, reference engine)",
+    ),
+    "bench-tree": (
+        "sglang_spec.bench.tree",
+        "time DDTree build / layout / walk against the reference port",
+    ),
+    "serve": (
+        "sglang_spec.serving.launch",
+        "start an SGLang server from server_configs/ and wait for /health",
+    ),
+    "cpu-server": (
+        "sglang_spec.serving.cpu_server",
+        "CPU demo/test server with SGLang's HTTP API (not a production engine)",
+    ),
+    "patch": (
+        "sglang_spec.patching",
+        "apply / check / revert the patch set for the installed SGLang pin",
+    ),
 }
 
 
 def _usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     lines = [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
-    return "usage: sglang-spec COMMAND [options]   (sglang-spec COMMAND --help)\n\ncommands:\n" + "\n".join(lines)
+    return (
+        "usage: sglang-spec COMMAND [options]   (sglang-spec COMMAND --help)\n\ncommands:\n"
+        + "\n".join(lines)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = argv[0]
     if name not in SUBCOMMANDS:
-        print(f"sglang-spec: unknown command {name!r}; valid: {', '.join(SUBCOMMANDS)}\n\n{_usage()}", file=sys.stderr)
+        print(
+            f"sglang-spec: unknown command {name!r}; valid: {', '.join(SUBCOMMANDS)}\n\n{_usage()}",
+            file=sys.stderr,
+        )
         return 2
     module, help_text = SUBCOMMANDS[name]
     mod = importlib.import_module(module)

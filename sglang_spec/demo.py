@@ -24,18 +24,38 @@ PAIRS = {"hybrid": ("hybrid", "hybrid-dflash"), "qwen3": ("qwen3", "qwen3-dflash
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pair", choices=sorted(PAIRS), default="hybrid", help="which bundled target/drafter pair")
+    p.add_argument(
+        "--pair", choices=sorted(PAIRS), default="hybrid", help="which bundled target/drafter pair"
+    )
     p.add_argument("--fixtures", type=Path, default=FIXTURES, help="directory of the tiny pairs")
-    p.add_argument("--prompt", action="append", help="a prompt of your own (repeatable); default: held-out prompts")
-    p.add_argument("--num-prompts", type=int, default=3, help="held-out prompts to run when no --prompt is given")
-    p.add_argument("--methods", default="ar,dflash,ddtree", help="comma-separated subset of ar,dflash,ddtree")
-    p.add_argument("--budget", type=int, default=64, help="DDTREE draft nodes per step (verify width = budget + 1)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        help="a prompt of your own (repeatable); default: held-out prompts",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=3,
+        help="held-out prompts to run when no --prompt is given",
+    )
+    p.add_argument(
+        "--methods", default="ar,dflash,ddtree", help="comma-separated subset of ar,dflash,ddtree"
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=64,
+        help="DDTREE draft nodes per step (verify width = budget + 1)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)"
+    )
 
 
 def load_pair(pair: str = "hybrid", fixtures: Path = FIXTURES):
@@ -61,7 +81,9 @@ def load_pair(pair: str = "hybrid", fixtures: Path = FIXTURES):
     return tokenizer, target, drafter
 
 
-def heldout_prompts(num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True) -> list[str]:
+def heldout_prompts(
+    num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True
+) -> list[str]:
     """The held-out prompts: ``num`` of them spread over the held-out modules (or the first ``num``)."""
     path = Path(fixtures) / "heldout_prompts.jsonl"
     prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
@@ -86,9 +108,12 @@ def run(args) -> int:
     t0 = time.perf_counter()
     tokenizer, target, drafter = load_pair(args.pair, args.fixtures)
     prompts = args.prompt or heldout_prompts(args.num_prompts, args.fixtures)
-    print(f"loaded the {args.pair} pair from {args.fixtures} in {time.perf_counter() - t0:.1f}s "
-          f"(drafter block {drafter.block_size}); {len(prompts)} prompt(s), {args.max_new_tokens} new tokens, "
-          f"T={args.temperature}", flush=True)
+    print(
+        f"loaded the {args.pair} pair from {args.fixtures} in {time.perf_counter() - t0:.1f}s "
+        f"(drafter block {drafter.block_size}); {len(prompts)} prompt(s), {args.max_new_tokens} new tokens, "
+        f"T={args.temperature}",
+        flush=True,
+    )
     stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     totals = {m: {"tokens": 0, "steps": 0, "seconds": 0.0, "same": 0} for m in methods}
     reference: dict[int, list[int]] = {}
@@ -97,9 +122,19 @@ def run(args) -> int:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         for m in methods:
             start = time.perf_counter()
-            res = generate(target, drafter, ids, m, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed + i,
-                           stop_token_ids=stops)
+            res = generate(
+                target,
+                drafter,
+                ids,
+                m,
+                budget=args.budget,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                seed=args.seed + i,
+                stop_token_ids=stops,
+            )
             secs = time.perf_counter() - start
             t = totals[m]
             t["tokens"] += sum(s.emitted for s in res.steps)
@@ -109,11 +144,16 @@ def run(args) -> int:
                 reference[i] = res.tokens
             t["same"] += reference.get(i) == res.tokens
             outputs[m].append(res.tokens)
-            print(f"[{i + 1}/{len(prompts)}] {m:>6}: {len(res.tokens)} tokens, {res.tokens_per_step:.2f} tokens/step, "
-                  f"{secs:.1f}s", flush=True)
+            print(
+                f"[{i + 1}/{len(prompts)}] {m:>6}: {len(res.tokens)} tokens, {res.tokens_per_step:.2f} tokens/step, "
+                f"{secs:.1f}s",
+                flush=True,
+            )
     _report(methods, totals, reference, len(prompts), args)
     first = methods[-1]
-    print(f"\nprompt 1:\n{prompts[0]}\n--- {first} continuation:\n{tokenizer.decode(outputs[first][0])}")
+    print(
+        f"\nprompt 1:\n{prompts[0]}\n--- {first} continuation:\n{tokenizer.decode(outputs[first][0])}"
+    )
     return 0
 
 
@@ -131,7 +171,9 @@ def _report(methods, totals, reference, n, args) -> None:
             same = "n/a (sampled: equal in distribution)"
         else:
             same = "yes" if t["same"] == n else f"NO ({t['same']}/{n})"
-        print(f"| {label} | {t['tokens'] / max(1, t['steps']):.2f} | {t['seconds']:.1f} | {speed} | {same} |")
+        print(
+            f"| {label} | {t['tokens'] / max(1, t['steps']):.2f} | {t['seconds']:.1f} | {speed} | {same} |"
+        )
 
 
 def main(argv=None) -> int:

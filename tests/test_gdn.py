@@ -12,7 +12,12 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 from sglang_spec.gdn import (
     GDNTreeVerifier,
@@ -53,7 +58,11 @@ def _build(family: str):
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**COMMON))
     else:
         config = Qwen3NextConfig(
-            **COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+            **COMMON,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
         )
         model = Qwen3NextForCausalLM(config)
     return model.eval()
@@ -113,8 +122,12 @@ def test_tree_depth_and_validation():
 
 def test_padding_rows_and_commit_of_padding(model):
     layer = model.model.layers[LINEAR_LAYERS[0]].linear_attn
-    conv, ssm = read_committed_states(_prefill(model, torch.randint(0, VOCAB, (1, 5))), LINEAR_LAYERS[0])
-    out, states = gdn_tree_forward(layer, torch.randn(1, 5, HIDDEN), torch.tensor([[-1, 0, 0, -1, -1]]), conv, ssm)
+    conv, ssm = read_committed_states(
+        _prefill(model, torch.randint(0, VOCAB, (1, 5))), LINEAR_LAYERS[0]
+    )
+    out, states = gdn_tree_forward(
+        layer, torch.randn(1, 5, HIDDEN), torch.tensor([[-1, 0, 0, -1, -1]]), conv, ssm
+    )
     assert out[0, :3].abs().amin(-1).gt(0).all() and torch.equal(out[0, 3:], torch.zeros(2, HIDDEN))
     with pytest.raises(ValueError):
         gdn_tree_commit(states, torch.tensor([3]))
@@ -127,7 +140,9 @@ def test_layer_tree_matches_sequential_paths(model, seed):
     n_slots = [24, 64, 40][seed]
     kinds = [["chain", "star"], ["random", "random"], ["star", "random"]][seed]
     trees = [_random_parents(rng, kind, n_slots) for kind in kinds]
-    prompts = [torch.randint(0, VOCAB, (1, rng.randint(2, 9))) for _ in trees]  # some shorter than the conv kernel
+    prompts = [
+        torch.randint(0, VOCAB, (1, rng.randint(2, 9))) for _ in trees
+    ]  # some shorter than the conv kernel
     caches = [_prefill(model, ids) for ids in prompts]
     parents = torch.tensor(trees)
     hidden = torch.randn(len(trees), n_slots, HIDDEN)
@@ -156,7 +171,9 @@ def test_layer_tree_matches_sequential_paths(model, seed):
             assert torch.equal(out[r, padding], torch.zeros_like(out[r, padding]))
             assert out[r].abs().max() > 0.1  # non-trivial magnitudes
         # a deep or random accepted node: one chunked HF call over its whole path gives the same outputs and states
-        node = rng.choice(sorted(paths, key=lambda i: -len(paths[i]))[:3] + [rng.choice(list(paths))])
+        node = rng.choice(
+            sorted(paths, key=lambda i: -len(paths[i]))[:3] + [rng.choice(list(paths))]
+        )
         accepted.append(node)
         cache = copy.deepcopy(caches[r])
         for li, layer in layers.items():
@@ -202,7 +219,10 @@ def test_model_tree_verify_and_commit(model):
     committed = {li: [t.clone() for t in read_committed_states(cache, li)] for li in LINEAR_LAYERS}
     with GDNTreeVerifier(model, parents) as verifier, torch.no_grad():
         logits = model(
-            tokens, attention_mask=_tree_mask(trees, prefix), position_ids=positions, past_key_values=cache
+            tokens,
+            attention_mask=_tree_mask(trees, prefix),
+            position_ids=positions,
+            past_key_values=cache,
         ).logits
     assert sorted(verifier.states) == LINEAR_LAYERS
     assert "forward" not in vars(model.model.layers[0].linear_attn)  # patch removed on exit
@@ -216,7 +236,9 @@ def test_model_tree_verify_and_commit(model):
         row_cache = _prefill(model, prompt[r : r + 1])
         for leaf in set(paths) - set(tree):
             with torch.no_grad():
-                ref = model(tokens[r : r + 1, paths[leaf]], past_key_values=copy.deepcopy(row_cache)).logits
+                ref = model(
+                    tokens[r : r + 1, paths[leaf]], past_key_values=copy.deepcopy(row_cache)
+                ).logits
             torch.testing.assert_close(logits[r, paths[leaf]], ref[0], atol=ATOL, rtol=0)
         accepted.append(rng.choice(list(paths)))
         with torch.no_grad():

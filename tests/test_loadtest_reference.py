@@ -9,9 +9,9 @@ written.
 import json
 
 from loadtests import compare, sweep
+from sglang_spec.demo import FIXTURES, heldout_prompts
 from sglang_spec.serving.cpu_server import HFTokenizerCodec, serve_in_thread
 from sglang_spec.serving.reference_engine import make
-from sglang_spec.demo import FIXTURES, heldout_prompts
 
 
 def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
@@ -22,17 +22,41 @@ def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
     for label, method in (("AR", "ar"), ("DDTREE-64", "ddtree")):
         out = tmp_path / f"{label}.jsonl"
         with serve_in_thread(make(method=method), codec, model_name="tiny-hybrid") as srv:
-            rc = sweep.main(["--base-url", srv.url, "--prompts", str(prompts), "--output", str(out), "--no-progress",
-                             "--concurrency", "1,2,4", "--num-requests", "4", "--max-new-tokens", "24",
-                             "--ignore-eos", "--label", label, "--warmup", "0", "--keep-text"])
+            rc = sweep.main(
+                [
+                    "--base-url",
+                    srv.url,
+                    "--prompts",
+                    str(prompts),
+                    "--output",
+                    str(out),
+                    "--no-progress",
+                    "--concurrency",
+                    "1,2,4",
+                    "--num-requests",
+                    "4",
+                    "--max-new-tokens",
+                    "24",
+                    "--ignore-eos",
+                    "--label",
+                    label,
+                    "--warmup",
+                    "0",
+                    "--keep-text",
+                ]
+            )
             assert rc == 0
             served = list(srv.server.completed)
         levels = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["max_concurrency"] for r in levels] == [1, 2, 4]
-        assert sorted(x for r in levels for x in r["output_lens"]) == sorted(s["completion_tokens"] for s in served)
+        assert sorted(x for r in levels for x in r["output_lens"]) == sorted(
+            s["completion_tokens"] for s in served
+        )
         assert all(r["completed"] == 4 and r["failed"] == 0 for r in levels)
         if method == "ddtree":
-            assert all(r["tokens_per_step"] > 1.2 and r["accept_length"] > 1.2 for r in levels), levels
+            assert all(r["tokens_per_step"] > 1.2 and r["accept_length"] > 1.2 for r in levels), (
+                levels
+            )
         else:
             assert all(r["tokens_per_step"] is None for r in levels)
         texts[label] = sorted(t for r in levels for t in r["generated_texts"])

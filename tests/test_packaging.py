@@ -13,15 +13,33 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_ships_data_and_entry_points(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
-                    "-w", str(tmp_path / "dist")], check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(REPO),
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("sglang_spec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for pin in ("0.5.23", "0.5.11"):
         assert f"sglang_spec/data/patches/{pin}/manifest.json" in names
         assert f"sglang_spec/data/patches/{pin}/series" in names
     configs = {p.name for p in (REPO / "server_configs").glob("*.yaml")}
-    assert configs and {n.rsplit("/", 1)[1] for n in names if n.startswith("sglang_spec/data/server_configs/")} >= configs
+    assert (
+        configs
+        and {n.rsplit("/", 1)[1] for n in names if n.startswith("sglang_spec/data/server_configs/")}
+        >= configs
+    )
     for part in ("hybrid", "hybrid-dflash", "qwen3", "qwen3-dflash"):
         assert f"sglang_spec/fixtures/tiny-pair/{part}/model.safetensors" in names
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -32,9 +50,19 @@ def test_wheel_ships_data_and_entry_points(tmp_path):
     # Installed from the wheel (no checkout beside it), the data is found inside the package.
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("from sglang_spec.paths import shipped_dir; import sglang_spec.serving.configs as c; "
-             "print(shipped_dir('patches')); print(c.CONFIG_DIR); print(len(list(c.CONFIG_DIR.glob('*.yaml'))))")
-    out = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    probe = (
+        "from sglang_spec.paths import shipped_dir; import sglang_spec.serving.configs as c; "
+        "print(shipped_dir('patches')); print(c.CONFIG_DIR); print(len(list(c.CONFIG_DIR.glob('*.yaml'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out[0] == str(site / "sglang_spec" / "data" / "patches")
-    assert out[1] == str(site / "sglang_spec" / "data" / "server_configs") and int(out[2]) == len(configs)
+    assert out[1] == str(site / "sglang_spec" / "data" / "server_configs") and int(out[2]) == len(
+        configs
+    )

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_spec.patching import core
+from sglang_spec.patching import core, udiff
 from sglang_spec.patching import main as patch_main
-from sglang_spec.patching import udiff
 
 REPO = Path(__file__).resolve().parents[1]
 PATCHES = REPO / "patches"
@@ -153,15 +152,20 @@ def test_apply_check_idempotent_revert(synth, capsys):
     assert code == 0 and "already applied; nothing to do" in out
     assert (root / FILE_A).read_bytes() == expected_a()
 
-    code, out, _ = run_cli("check", "--sglang-dir", str(root / "sglang"), "--patches-dir", pdir,
-                           capsys=capsys)
+    code, out, _ = run_cli(
+        "check", "--sglang-dir", str(root / "sglang"), "--patches-dir", pdir, capsys=capsys
+    )
     assert code == 0 and "state: applied" in out and "the sglang package itself" in out
 
-    code, out, _ = run_cli("revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
+    code, out, _ = run_cli(
+        "revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys
+    )
     assert code == 0 and "restored 2 file(s)" in out
     assert snapshot(root) == synth["before"]
 
-    code, out, _ = run_cli("revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
+    code, out, _ = run_cli(
+        "revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys
+    )
     assert code == 0 and "nothing to revert" in out
     assert snapshot(root) == synth["before"]
 
@@ -169,8 +173,9 @@ def test_apply_check_idempotent_revert(synth, capsys):
 def test_unknown_version_refused_with_pin_list(synth, capsys):
     root = synth["root"]
     (root / "sglang/version.py").write_text('__version__ = "0.0.7"\n')
-    code, _, err = run_cli("apply", "--sglang-dir", str(root), "--patches-dir", str(PATCHES),
-                           capsys=capsys)
+    code, _, err = run_cli(
+        "apply", "--sglang-dir", str(root), "--patches-dir", str(PATCHES), capsys=capsys
+    )
     assert code == 2
     assert "0.0.7 is not a supported pin" in err
     for pin in PINS:
@@ -193,7 +198,9 @@ def test_hash_mismatch_refused_without_touching_anything(synth, capsys):
     code, _, err = run_cli("apply", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
     assert code == 1 and "sha256 mismatch" in err and "nothing was changed" in err
     assert snapshot(root) == before
-    code, _, err = run_cli("revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
+    code, _, err = run_cli(
+        "revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys
+    )
     assert code == 1 and "refusing to revert" in err
     assert snapshot(root) == before
 
@@ -232,10 +239,14 @@ def test_partially_applied_is_reported_then_completed_or_reverted(synth, capsys)
 
     code, out, _ = run_cli("apply", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
     assert code == 0 and "completed it" in out and "rewrote 1 file(s)" in out
-    assert (root / FILE_B).read_bytes() == patched_b and (root / FILE_A).read_bytes() == expected_a()
+    assert (root / FILE_B).read_bytes() == patched_b and (
+        root / FILE_A
+    ).read_bytes() == expected_a()
 
     (root / FILE_B).write_bytes(ORIG_B)
-    code, out, _ = run_cli("revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys)
+    code, out, _ = run_cli(
+        "revert", "--sglang-dir", str(root), "--patches-dir", pdir, capsys=capsys
+    )
     assert code == 0 and "restored 1 file(s)" in out
     assert snapshot(root) == synth["before"]
 
@@ -252,7 +263,9 @@ def test_committed_manifests_cover_exactly_the_series():
     assert core.supported_versions(PATCHES) == PINS
     for pin in PINS:
         ps = core.load_patch_set(PATCHES, pin)
-        series = [ln.strip() for ln in (PATCHES / pin / "series").read_text().splitlines() if ln.strip()]
+        series = [
+            ln.strip() for ln in (PATCHES / pin / "series").read_text().splitlines() if ln.strip()
+        ]
         assert ps.series == series
         for name in ps.series:
             head = (PATCHES / pin / name).read_text().split("\n--- ", 1)[0]
@@ -274,10 +287,29 @@ def get_wheel(version: str) -> Path:
     if not found:
         # The pinned releases ship only cp311 manylinux_2_34 wheels; ask for that tag
         # explicitly so the download does not depend on this host's glibc or Python.
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64",
-                        "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                        f"sglang=={version}", "-d", str(wheel_cache())], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_34_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp311",
+                f"sglang=={version}",
+                "-d",
+                str(wheel_cache()),
+            ],
+            check=True,
+        )
         found = sorted(wheel_cache().glob(f"sglang-{version}-*.whl"))
     assert found, f"pip download produced no wheel for sglang=={version}"
     return found[0]
@@ -295,15 +327,25 @@ def import_in_subprocess(root: Path, code: str, timeout: int = 240) -> subproces
         import sglang
         assert sglang.__file__.startswith({str(root)!r}), sglang.__file__
         """) + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(root))
+    return subprocess.run(
+        [sys.executable, "-c", prog],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(root),
+    )
 
 
 def _ast_choices_of(path: Path, option: str) -> list[str]:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-                and node.args[0].value == option):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == option
+        ):
             for kw in node.keywords:
                 if kw.arg == "choices":
                     return [e.value for e in kw.value.elts]

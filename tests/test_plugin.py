@@ -75,8 +75,14 @@ def _resolve(models, *extra, draft="draft8", backend="flashinfer"):
     from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
     from sglang.srt.server_args import prepare_server_args
 
-    args = ["--model-path", models["target"], "--device", "cuda",
-            "--speculative-algorithm", "DDTREE"]
+    args = [
+        "--model-path",
+        models["target"],
+        "--device",
+        "cuda",
+        "--speculative-algorithm",
+        "DDTREE",
+    ]
     if draft is not None:
         args += ["--speculative-draft-model-path", models[draft]]
     if backend is not None:
@@ -133,8 +139,15 @@ def test_worker_class_loads(loaded, models):
     cls = algo.create_worker(sa)
     assert cls is DDTreeWorker and issubclass(cls, DFlashWorkerV2)
     assert issubclass(DDTreeVerifyInput, EagleVerifyInput)
-    for stage in ("draft_stage", "topk_stage", "tree_stage", "verify_stage",
-                  "walk_stage", "commit_stage", "append_context_stage"):
+    for stage in (
+        "draft_stage",
+        "topk_stage",
+        "tree_stage",
+        "verify_stage",
+        "walk_stage",
+        "commit_stage",
+        "append_context_stage",
+    ):
         assert callable(getattr(DDTreeWorker, stage))
 
 
@@ -147,9 +160,7 @@ def test_register_failure_is_loud(monkeypatch, caplog):
         raise RuntimeError("simulated")
 
     monkeypatch.setattr(si.SpeculativeAlgorithm, "register", classmethod(boom))
-    monkeypatch.setattr(
-        "sglang.srt.speculative.spec_registry.get_spec", lambda name: None
-    )
+    monkeypatch.setattr("sglang.srt.speculative.spec_registry.get_spec", lambda name: None)
     with caplog.at_level("ERROR", logger="sglang_spec.plugin"):
         with pytest.raises(RuntimeError):
             P.register()
@@ -193,8 +204,9 @@ def test_valid_defaults(loaded, models):
 
 
 def test_valid_budget(loaded, models):
-    cfg, sa = _resolve(models, "--speculative-num-draft-tokens", "33",
-                       "--speculative-dflash-block-size", "8")
+    cfg, sa = _resolve(
+        models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
+    )
     assert cfg.speculative_num_draft_tokens == 33
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_eagle_topk == 32
@@ -259,7 +271,9 @@ def test_tree_temperature_env(loaded, models, monkeypatch):
     assert P.parse_tree_temperature_env() == 1.0
     for bad in ("0", "-2", "nan", "inf", "warm"):
         monkeypatch.setenv(P.ENV_TREE_TEMPERATURE, bad)
-        with pytest.raises(ValueError, match=f"SGLANG_DDTREE_TREE_TEMPERATURE={bad!r} is not valid"):
+        with pytest.raises(
+            ValueError, match=f"SGLANG_DDTREE_TREE_TEMPERATURE={bad!r} is not valid"
+        ):
             _resolve(models)
 
 
@@ -281,13 +295,20 @@ def test_verify_input_class(loaded):
     from sglang_spec.plugin.worker import DDTreeVerifyInput
 
     vi = DDTreeVerifyInput(
-        draft_token=torch.zeros(6, dtype=torch.int64), custom_mask=None,
+        draft_token=torch.zeros(6, dtype=torch.int64),
+        custom_mask=None,
         positions=torch.zeros(6, dtype=torch.int64),
         retrieve_index=torch.zeros(2, 3, dtype=torch.int64),
         retrieve_next_token=torch.zeros(2, 3, dtype=torch.int64),
         retrieve_next_sibling=torch.zeros(2, 3, dtype=torch.int64),
-        retrieve_cum_len=None, spec_steps=7, topk=2, draft_token_num=3,
-        capture_hidden_mode=None, seq_lens_sum=None, seq_lens_cpu=None)
+        retrieve_cum_len=None,
+        spec_steps=7,
+        topk=2,
+        draft_token_num=3,
+        capture_hidden_mode=None,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
     assert vi.max_tree_depth == 8 and vi.tree_topk == -1
     assert vi.num_tokens_per_req == 3 and vi.is_verify_input()
 
@@ -335,13 +356,15 @@ def test_sharded_topk_matches_full_vocab():
     vals, idss, lses = [], [], []
     for r in range(2):
         wp = torch.zeros(24, H)
-        wp[:20] = w[r * 20:(r + 1) * 20]
+        wp[:20] = w[r * 20 : (r + 1) * 20]
         lg, vid = local_vocab_logits(hid.reshape(-1, H), _Head(wp, _Shard(r * 20, 20, 24)))
         v, i = lg.topk(k, -1)
-        vals.append(v.view(bs, L, k)); idss.append(vid[i].view(bs, L, k))
+        vals.append(v.view(bs, L, k))
+        idss.append(vid[i].view(bs, L, k))
         lses.append(torch.logsumexp(lg, -1).view(bs, L))
-    logq2, ids2 = tree.merge_sharded_topk(torch.stack(vals), torch.stack(idss),
-                                          torch.stack(lses), k)
+    logq2, ids2 = tree.merge_sharded_topk(
+        torch.stack(vals), torch.stack(idss), torch.stack(lses), k
+    )
     torch.testing.assert_close(logq2, logq, rtol=1e-5, atol=1e-5)
     assert torch.equal(ids2, ids)
 
@@ -371,8 +394,9 @@ def test_tree_abi_to_verify_input():
     tree = tree_mod.build_ddtree(logits, budget, roots)
     n = budget + 1
     seq_lens = torch.tensor([5, 9])
-    vi = build_verify_input(tree, seq_lens, horizon=L, eagle_topk=2,
-                            seq_lens_sum=int(seq_lens.sum()))
+    vi = build_verify_input(
+        tree, seq_lens, horizon=L, eagle_topk=2, seq_lens_sum=int(seq_lens.sum())
+    )
     abi = tree_mod.sglang_tree_abi(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
     assert vi.draft_token_num == n and vi.max_tree_depth == L + 1 and vi.tree_topk == -1
     for f in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
@@ -387,8 +411,9 @@ def test_tree_abi_to_verify_input():
     assert vi.custom_mask.numel() == n * int(seq_lens.sum()) + bs * n * n
     # Written in place into a (larger) captured buffer, as the graph needs.
     buf = torch.zeros(10_000, dtype=torch.uint8)
-    vi2 = build_verify_input(tree, seq_lens, horizon=L, eagle_topk=2,
-                             seq_lens_sum=int(seq_lens.sum()), mask_buffer=buf)
+    vi2 = build_verify_input(
+        tree, seq_lens, horizon=L, eagle_topk=2, seq_lens_sum=int(seq_lens.sum()), mask_buffer=buf
+    )
     assert vi2.custom_mask is buf
     assert torch.equal(buf[: vi.custom_mask.numel()].bool(), vi.custom_mask)
     # The EagleVerifyInput CSR mask-size padding accepts it.

@@ -13,7 +13,13 @@ import warnings
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (
+    Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 
 from sglang_spec.dflash import DFlashDrafter
@@ -26,17 +32,39 @@ V, H, LAYERS = 48, 32, 4
 
 def make_target(kind: str, vocab: int = V) -> torch.nn.Module:
     torch.manual_seed(0)
-    common = dict(vocab_size=vocab, hidden_size=H, intermediate_size=64, num_hidden_layers=LAYERS,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)
-    linear = dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                  linear_num_value_heads=4, layer_types=["linear_attention"] * 3 + ["full_attention"])
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
+    linear = dict(
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+    )
     if kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common))
     elif kind == "qwen35":
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**common, **linear))
     else:
-        model = Qwen3NextForCausalLM(Qwen3NextConfig(**common, **linear, num_experts=4, num_experts_per_tok=2,
-                                                     moe_intermediate_size=32, shared_expert_intermediate_size=32))
+        model = Qwen3NextForCausalLM(
+            Qwen3NextConfig(
+                **common,
+                **linear,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=32,
+            )
+        )
     with torch.no_grad():  # sharpen the output so greedy decoding is far from argmax ties
         model.lm_head.weight.mul_(4.0)
     return model.eval()
@@ -44,11 +72,24 @@ def make_target(kind: str, vocab: int = V) -> torch.nn.Module:
 
 def make_drafter(target, block_size: int) -> DFlashDrafter:
     vocab = target.config.vocab_size
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block_size,
-           "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": [0, 1, 2]},
-           "num_target_layers": LAYERS, "hidden_size": H, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": vocab,
-           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu"}
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": [0, 1, 2]},
+        "num_target_layers": LAYERS,
+        "hidden_size": H,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "hidden_act": "silu",
+    }
     torch.manual_seed(1)
     return DFlashDrafter.from_config(cfg, target)
 
@@ -68,7 +109,9 @@ class ProphetDrafter:
         for d in range(logits.shape[1]):
             pos = start + 1 + d
             if pos < len(self.future):
-                rank = int(torch.rand((), generator=self.gen) < 0.3)  # 30%: a decoy outranks the truth
+                rank = int(
+                    torch.rand((), generator=self.gen) < 0.3
+                )  # 30%: a decoy outranks the truth
                 logits[0, d, self.future[pos]] = 50.0 - rank
                 logits[0, d, (self.future[pos] + 1) % logits.shape[-1]] = 50.0 - (1 - rank)
         return logits
@@ -122,7 +165,9 @@ def test_stop_tokens_and_stats(target):
     stop = ar.tokens[5]
     first = ar.tokens.index(stop)
     prophet = ProphetDrafter(drafter, PROMPTS[0] + ar.tokens, seed=0)
-    out = generate(target, prophet, ids, "ddtree", budget=16, max_new_tokens=NEW, stop_token_ids=[stop])
+    out = generate(
+        target, prophet, ids, "ddtree", budget=16, max_new_tokens=NEW, stop_token_ids=[stop]
+    )
     assert out.tokens == ar.tokens[: first + 1] and out.finish_reason == "stop"
     assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
     assert all(s.emitted == s.accepted + 1 for s in out.steps[:-1])
@@ -137,7 +182,9 @@ def _exact_ar_marginals(target, prompt, vocab, temperature):
         seqs = torch.cat((ids.expand(vocab, -1), torch.arange(vocab)[:, None]), dim=1)
         p2_given = (target(seqs).logits[:, -1] / temperature).softmax(-1)  # [t1, t2]
         joint12 = p1[:, None] * p2_given
-        seqs3 = torch.cat((seqs.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(vocab)[:, None]), dim=1)
+        seqs3 = torch.cat(
+            (seqs.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(vocab)[:, None]), dim=1
+        )
         p3_given = (target(seqs3).logits[:, -1] / temperature).softmax(-1).view(vocab, vocab, vocab)
         p3 = (joint12[:, :, None] * p3_given).sum((0, 1))
     return joint12.sum(0), p3
@@ -153,12 +200,22 @@ def test_sampling_is_lossless(kind):
     p2, p3 = _exact_ar_marginals(target, prompt, vocab, temperature)
     counts2, counts3, deep = torch.zeros(vocab), torch.zeros(vocab), 0
     for seed in range(n):
-        out = generate(target, drafter, torch.tensor([prompt]), "ddtree", budget=8, max_new_tokens=3,
-                       temperature=temperature, seed=seed)
+        out = generate(
+            target,
+            drafter,
+            torch.tensor([prompt]),
+            "ddtree",
+            budget=8,
+            max_new_tokens=3,
+            temperature=temperature,
+            seed=seed,
+        )
         counts2[out.tokens[1]] += 1
         counts3[out.tokens[2]] += 1
         deep += out.steps[0].accepted >= 1
-    assert deep > n // 10, "the tree should often accept drafts, else the test exercises only the bonus path"
+    assert deep > n // 10, (
+        "the tree should often accept drafts, else the test exercises only the bonus path"
+    )
     for counts, p in ((counts2, p2), (counts3, p3)):
         assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3, (counts, p * n)
 

@@ -80,8 +80,17 @@ def fake(tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     monkeypatch.setenv("FAKE_PIDS", str(pids))
     port = _free_port()
-    base = [CONFIG, "--launcher", f"{{python}} {script}", "--port", str(port),
-            "--log-file", str(tmp_path / "server.log"), "--stop-timeout", "5"]
+    base = [
+        CONFIG,
+        "--launcher",
+        f"{{python}} {script}",
+        "--port",
+        str(port),
+        "--log-file",
+        str(tmp_path / "server.log"),
+        "--stop-timeout",
+        "5",
+    ]
     return {"base": base, "pids": pids, "port": port, "log": tmp_path / "server.log"}
 
 
@@ -93,9 +102,15 @@ def test_dry_run_prints_the_full_command(capsys):
     assert launch.main([CONFIG, "--dry-run", "--port", "31001", "--", "--disable-cuda-graph"]) == 0
     out = capsys.readouterr().out
     assert "-m sglang.launch_server" in out
-    for piece in ("--model-path Qwen/Qwen3-8B", "--speculative-algorithm DFLASH",
-                  "--speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16", "--speculative-dflash-block-size 16",
-                  "--host 127.0.0.1", "--port 31001", "--disable-cuda-graph"):
+    for piece in (
+        "--model-path Qwen/Qwen3-8B",
+        "--speculative-algorithm DFLASH",
+        "--speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16",
+        "--speculative-dflash-block-size 16",
+        "--host 127.0.0.1",
+        "--port 31001",
+        "--disable-cuda-graph",
+    ):
         assert piece in out, piece
     assert out.index("--port 31001") < out.index("--disable-cuda-graph")
 
@@ -145,8 +160,14 @@ def test_busy_port_is_refused(fake, capsys):
 
 def test_ctrl_c_stops_the_process_group(fake):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_spec.serving.launch", *fake["base"], "--timeout", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_spec.serving.launch", *fake["base"], "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         line = proc.stdout.readline()  # blocks until READY (bounded by --timeout) or exit
         assert line.startswith("READY http://127.0.0.1:"), line + proc.stderr.read()

@@ -54,7 +54,11 @@ def test_config_flags(path):
         assert alg is None and not any(k.startswith("speculative") for k in a)
     elif cfg.algorithm in ("NEXTN", "EAGLE3"):
         assert alg == cfg.algorithm
-        assert (a["speculative-num-steps"], a["speculative-eagle-topk"], a["speculative-num-draft-tokens"]) == (3, 1, 4)
+        assert (
+            a["speculative-num-steps"],
+            a["speculative-eagle-topk"],
+            a["speculative-num-draft-tokens"],
+        ) == (3, 1, 4)
         assert ("speculative-draft-model-path" in a) == (cfg.algorithm == "EAGLE3")
     elif cfg.algorithm == "DFLASH":
         assert alg == "DFLASH" and a["speculative-dflash-block-size"] == 16
@@ -92,7 +96,9 @@ def sglang_parse():
 @pytest.mark.parametrize("path", _by_id())
 def test_sglang_parser_accepts_config(path, sglang_parse):
     cfg = load_config(path)
-    cmd = build_command(cfg, "127.0.0.1", 30123, extra=[], launcher="python -m sglang.launch_server")
+    cmd = build_command(
+        cfg, "127.0.0.1", 30123, extra=[], launcher="python -m sglang.launch_server"
+    )
     assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
     sa = sglang_parse(cmd[3:])
     a = cfg.args

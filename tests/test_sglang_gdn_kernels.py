@@ -55,10 +55,10 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from sglang_kernel_gdn import run_sglang_gdn_subprocess
 from transformers import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
-from sglang_kernel_gdn import run_sglang_gdn_subprocess
 from sglang_spec.gdn import gdn_tree_commit, gdn_tree_forward, tree_depth
 from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree, sglang_tree_abi
 
@@ -75,10 +75,19 @@ POOL = 5  # mamba pool slots; requests use a scattered subset
 
 def _layer(dk: int, dv: int) -> Qwen3_5GatedDeltaNet:
     cfg = Qwen3_5TextConfig(
-        hidden_size=HIDDEN, num_hidden_layers=1, layer_types=["linear_attention"],
-        linear_num_key_heads=H, linear_num_value_heads=HV, linear_key_head_dim=dk, linear_value_head_dim=dv,
-        linear_conv_kernel_dim=KERNEL, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        intermediate_size=64, vocab_size=64,
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        linear_num_key_heads=H,
+        linear_num_value_heads=HV,
+        linear_key_head_dim=dk,
+        linear_value_head_dim=dv,
+        linear_conv_kernel_dim=KERNEL,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=64,
     )
     torch.manual_seed(0)
     layer = Qwen3_5GatedDeltaNet(cfg, 0).float().eval()
@@ -136,8 +145,18 @@ def _hand_made() -> DraftTree:
 
 CASES = {
     # name: (tree factory, head dims, cache slots of the requests, extra launch options)
-    "ddtree_b16_bv4": (lambda: _ddtree(("peaked", "mixed"), 16, 1), "small", [3, 0], {"value_tile": 4}),
-    "ddtree_b64_padding": (lambda: _ddtree(("mixed", "sparse"), 64, 2), "small", [1, 4], {"contiguous_qkv": True}),
+    "ddtree_b16_bv4": (
+        lambda: _ddtree(("peaked", "mixed"), 16, 1),
+        "small",
+        [3, 0],
+        {"value_tile": 4},
+    ),
+    "ddtree_b64_padding": (
+        lambda: _ddtree(("mixed", "sparse"), 64, 2),
+        "small",
+        [1, 4],
+        {"contiguous_qkv": True},
+    ),
     "ddtree_b256": (lambda: _ddtree(("peaked", "flat"), 256, 3), "small", [2, 3], {}),
     "hand_star_chain_bushy_wide": (_hand_made, "wide", [4, 0, 2], {}),
 }
@@ -203,32 +222,64 @@ def results(request, tmp_path_factory):
         with torch.no_grad():
             flat = hidden.reshape(bs * n, HIDDEN)
             sg_cases[name] = dict(
-                mixed_qkv=layer.in_proj_qkv(flat), a=layer.in_proj_a(flat), b=layer.in_proj_b(flat),
-                conv_weight=layer.conv1d.weight.view(C, KERNEL), A_log=layer.A_log.detach().clone(),
-                dt_bias=layer.dt_bias.detach().clone(), conv_pool=conv_pool, ssm_pool=ssm_pool,
-                cache_indices=cache_indices, retrieve_next_token=abi.retrieve_next_token,
+                mixed_qkv=layer.in_proj_qkv(flat),
+                a=layer.in_proj_a(flat),
+                b=layer.in_proj_b(flat),
+                conv_weight=layer.conv1d.weight.view(C, KERNEL),
+                A_log=layer.A_log.detach().clone(),
+                dt_bias=layer.dt_bias.detach().clone(),
+                conv_pool=conv_pool,
+                ssm_pool=ssm_pool,
+                cache_indices=cache_indices,
+                retrieve_next_token=abi.retrieve_next_token,
                 retrieve_next_sibling=abi.retrieve_next_sibling,
-                num_k_heads=H, num_v_heads=HV, head_k_dim=dk, head_v_dim=dv,
-                accepts=[_accept_abi(tree, nodes) for nodes in accepted], **opts,
+                num_k_heads=H,
+                num_v_heads=HV,
+                head_k_dim=dk,
+                head_v_dim=dv,
+                accepts=[_accept_abi(tree, nodes) for nodes in accepted],
+                **opts,
             )
 
         captured = {}
-        hook = layer.norm.register_forward_hook(lambda m, args, out: captured.__setitem__("core", args[0]))
+        hook = layer.norm.register_forward_hook(
+            lambda m, args, out: captured.__setitem__("core", args[0])
+        )
         try:
             out, states = gdn_tree_forward(layer, hidden, tree.parents, conv_state, ssm_state)
             core = captured.pop("core").reshape(bs, n, HV, dv)
-            _, chain_states = gdn_tree_forward(layer, hidden, _chain_parents(tree), conv_state, ssm_state)
+            _, chain_states = gdn_tree_forward(
+                layer, hidden, _chain_parents(tree), conv_state, ssm_state
+            )
             chain_core = captured.pop("core").reshape(bs, n, HV, dv)
         finally:
             hook.remove()
-        refs[name] = dict(tree=tree, out=out, states=states, core=core, chain_core=chain_core,
-                          chain_ssm=chain_states.ssm, accepted=accepted, layer=layer, hidden=hidden, dv=dv)
+        refs[name] = dict(
+            tree=tree,
+            out=out,
+            states=states,
+            core=core,
+            chain_core=chain_core,
+            chain_ssm=chain_states.ssm,
+            accepted=accepted,
+            layer=layer,
+            hidden=hidden,
+            dv=dv,
+        )
     # Only the cases of the selected tests go to the kernels: `-k "not ddtree_b256"` spares a GPU run the
     # ~17 min Triton needed (2-core CPU here) to compile the tree conv kernel, unrolled over N, for N = 257.
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params}
-    sg = run_sglang_gdn_subprocess({name: c for name, c in sg_cases.items() if name in selected},
-                                   tmp_path_factory.mktemp("sglang_gdn"), DEVICE)
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module
+        and hasattr(item, "callspec")
+        and "name" in item.callspec.params
+    }
+    sg = run_sglang_gdn_subprocess(
+        {name: c for name, c in sg_cases.items() if name in selected},
+        tmp_path_factory.mktemp("sglang_gdn"),
+        DEVICE,
+    )
     return {name: (sg_cases[name], sg[name], refs[name]) for name in sg}
 
 
@@ -241,7 +292,9 @@ def test_tree_shapes_cover_ddtree_sizes():
             n = int(t.num_nodes[b])
             widths.append(t.width)
             depths.append(int(t.depths[b].max()))
-            fanouts.append(int(torch.bincount(t.parents[b, 1:n], minlength=n).max()) if n > 1 else 0)
+            fanouts.append(
+                int(torch.bincount(t.parents[b, 1:n], minlength=n).max()) if n > 1 else 0
+            )
             padded.append(n < t.width)
     assert max(widths) == 257
     assert max(depths) == 15 and trees["ddtree_b256"].depths.max() == 15
@@ -294,7 +347,9 @@ def test_comparison_is_sensitive_to_tree_structure(results, name):
     c, sg, ref = results[name]
     valid = ref["tree"].depths >= 0
     diff = (sg["core"][valid] - ref["chain_core"][valid]).abs().max()
-    ssm_diff = (sg["intermediate_ssm"].transpose(-1, -2)[valid] - ref["chain_ssm"][valid]).abs().max()
+    ssm_diff = (
+        (sg["intermediate_ssm"].transpose(-1, -2)[valid] - ref["chain_ssm"][valid]).abs().max()
+    )
     assert diff > 1000 * ATOL and ssm_diff > 1000 * ATOL
 
 
@@ -310,7 +365,9 @@ def test_commit_takes_the_accepted_nodes_state(results, name):
         assert torch.equal(commit["steps"], nodes) and commit["track"] is None
         conv, ssm = gdn_tree_commit(ref["states"], nodes)
         assert torch.equal(commit["conv_pool"][slots], conv[..., 1:])
-        torch.testing.assert_close(commit["ssm_pool"][slots].transpose(-1, -2), ssm, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(
+            commit["ssm_pool"][slots].transpose(-1, -2), ssm, rtol=RTOL, atol=ATOL
+        )
         assert torch.equal(commit["conv_pool"][others], c["conv_pool"][others])
         assert torch.equal(commit["ssm_pool"][others], c["ssm_pool"][others])
 

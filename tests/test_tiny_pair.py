@@ -21,35 +21,49 @@ from sglang_spec.dflash import DFlashDrafter, DrafterConfigWarning
 from sglang_spec.reference import generate
 
 ROOT = Path(__file__).resolve().parents[1] / "sglang_spec" / "fixtures" / "tiny-pair"
-PROMPTS = [json.loads(line)["prompt"] for line in (ROOT / "heldout_prompts.jsonl").read_text().splitlines()]
+PROMPTS = [
+    json.loads(line)["prompt"] for line in (ROOT / "heldout_prompts.jsonl").read_text().splitlines()
+]
 NEW = 48
 
 
-@pytest.fixture(scope="module", params=[("hybrid", "hybrid-dflash"), ("qwen3", "qwen3-dflash")], ids=["hybrid", "qwen3"])
+@pytest.fixture(
+    scope="module",
+    params=[("hybrid", "hybrid-dflash"), ("qwen3", "qwen3-dflash")],
+    ids=["hybrid", "qwen3"],
+)
 def pair(request):
     os.environ["HF_HUB_OFFLINE"] = "1"
     target_dir, drafter_dir = (ROOT / name for name in request.param)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DrafterConfigWarning)  # explicit layer ids differ from SGLang's default
+        warnings.simplefilter(
+            "ignore", DrafterConfigWarning
+        )  # explicit layer ids differ from SGLang's default
         drafter = DFlashDrafter.from_pretrained(str(drafter_dir), target, tokenizer=tokenizer)
     return request.param[0], tokenizer, target, drafter
 
 
 def test_fixtures_are_small_and_complete():
     total = sum(f.stat().st_size for f in ROOT.rglob("*") if f.is_file())
-    assert total <= 20 * 1024 * 1024, f"fixtures are {total / 2**20:.2f} MiB; the H200 run can carry 20 MB"
+    assert total <= 20 * 1024 * 1024, (
+        f"fixtures are {total / 2**20:.2f} MiB; the H200 run can carry 20 MB"
+    )
     with safe_open(str(ROOT / "hybrid" / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
-    assert any(k.startswith("mtp.") for k in keys), "the hybrid target must carry its MTP head for NEXTN"
+    assert any(k.startswith("mtp.") for k in keys), (
+        "the hybrid target must carry its MTP head for NEXTN"
+    )
     assert len(PROMPTS) >= 30 and len(set(PROMPTS)) == len(PROMPTS)
     assert load_prompts("heldout") == PROMPTS  # the load generator's "heldout" set is this file
 
 
 def test_pair_loads_offline(pair):
     kind, tokenizer, target, drafter = pair
-    assert drafter.block_size == 16 and drafter.mask_token_id == tokenizer.convert_tokens_to_ids("<|MASK|>")
+    assert drafter.block_size == 16 and drafter.mask_token_id == tokenizer.convert_tokens_to_ids(
+        "<|MASK|>"
+    )
     expected = "Qwen3_5ForCausalLM" if kind == "hybrid" else "Qwen3ForCausalLM"
     assert type(target).__name__ == expected
 
@@ -81,7 +95,9 @@ def test_tree_temperature_is_lossless_and_sharpens(pair):
     prompt = PROMPTS[15]
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
-    deep = generate(target, drafter, ids, "ddtree", budget=16, tree_temperature=0.5, max_new_tokens=NEW)
+    deep = generate(
+        target, drafter, ids, "ddtree", budget=16, tree_temperature=0.5, max_new_tokens=NEW
+    )
     assert deep.tokens == ar.tokens
     assert max(s.accepted for s in deep.steps) >= 2
     with pytest.raises(ValueError, match="tree temperature must be a finite number > 0"):

@@ -14,7 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_tool():
-    spec = importlib.util.spec_from_file_location("train_tiny_pair", os.path.join(ROOT, "tools", "train_tiny_pair.py"))
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny_pair", os.path.join(ROOT, "tools", "train_tiny_pair.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["train_tiny_pair"] = mod
     spec.loader.exec_module(mod)
@@ -68,19 +70,27 @@ def test_reload_transformers(out):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(os.path.join(out, "hybrid"))
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith(
+        "<|im_start|>assistant\n"
+    )
     mask = tok.convert_tokens_to_ids("<|MASK|>")
     assert mask in tok.all_special_ids
     for kind, cls in (("hybrid", "Qwen3_5ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")):
-        m, info = AutoModelForCausalLM.from_pretrained(os.path.join(out, kind), output_loading_info=True)
+        m, info = AutoModelForCausalLM.from_pretrained(
+            os.path.join(out, kind), output_loading_info=True
+        )
         assert type(m).__name__ == cls and not info["missing_keys"]
         assert m.config.tie_word_embeddings and m.dtype == torch.bfloat16
         ids = torch.tensor([tok("def f(x):\n    return x")["input_ids"]])
         with torch.no_grad():
             assert torch.isfinite(m(input_ids=ids).logits.float()).all()
     cfg = json.load(open(os.path.join(out, "hybrid", "config.json")))
-    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + [
+        "linear_attention"
+    ] * 3 + ["full_attention"]
     assert cfg["full_attention_interval"] == 4 and cfg["mtp_num_hidden_layers"] == 1
 
 
@@ -91,7 +101,7 @@ def test_mtp_weights_in_sglang_layout(out, tool):
     path = os.path.join(out, "hybrid")
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
         keys = [k for k in f.keys() if k.startswith("mtp.")]
-        sd = {k[len("mtp."):]: f.get_tensor(k).float() for k in keys}
+        sd = {k[len("mtp.") :]: f.get_tensor(k).float() for k in keys}
     assert {tool.sglang_mtp_name(k) for k in keys} == tool.SGLANG_MTP_PARAMS
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     mtp = tool.Qwen35MTP(target.config)
@@ -111,7 +121,9 @@ def test_reload_drafters(out):
     for kind in ("hybrid", "qwen3"):
         target = AutoModelForCausalLM.from_pretrained(os.path.join(out, kind), dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(os.path.join(out, kind))
-        d = DFlashDrafter.from_pretrained(os.path.join(out, f"{kind}-dflash"), target, tokenizer=tok)
+        d = DFlashDrafter.from_pretrained(
+            os.path.join(out, f"{kind}-dflash"), target, tokenizer=tok
+        )
         assert d.mask_token_id == tok.convert_tokens_to_ids("<|MASK|>")
         assert max(d.target_layer_ids) < target.config.num_hidden_layers - 1
         x = torch.tensor([tok("def g(a, b):\n    return a + b\n")["input_ids"]])

@@ -14,11 +14,11 @@ import math
 
 import pytest
 import torch
+import tree_oracles as O
 from hypothesis import given
 from hypothesis import strategies as st
-
-import tree_oracles as O
 from tree_testing import SETTINGS
+
 from sglang_spec.tree import (
     DraftTree,
     build_ddtree,
@@ -50,8 +50,14 @@ def make_logits(seed: int, bs: int, L: int, V: int, style: str = "normal") -> to
     return x
 
 
-def check_tree(tree: DraftTree, logits: torch.Tensor, budget: int, root_tokens: torch.Tensor,
-               k: int | None = None, topk_ids: torch.Tensor | None = None) -> None:
+def check_tree(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    budget: int,
+    root_tokens: torch.Tensor,
+    k: int | None = None,
+    topk_ids: torch.Tensor | None = None,
+) -> None:
     """Every contract property of a DDTree built from `logits` ([bs, L, V])."""
     bs, L, V = logits.shape
     N = 1 + budget
@@ -98,23 +104,32 @@ def check_tree(tree: DraftTree, logits: torch.Tensor, budget: int, root_tokens: 
             path = O.path_of(tree.parents[b], i)
             toks = tuple(int(tree.tokens[b, j]) for j in path)
             assert all(0 <= t < V for t in toks)
-            assert toks not in seen, f"row {b}: prefix {toks} appears twice (siblings share a token)"
+            assert toks not in seen, (
+                f"row {b}: prefix {toks} appears twice (siblings share a token)"
+            )
             seen.add(toks)
             s = sum(lq[dd, t].item() for dd, t in enumerate(toks))
-            assert math.isfinite(s), f"row {b} node {i}: impossible prefix {toks} (score -inf) selected"
+            assert math.isfinite(s), (
+                f"row {b} node {i}: impossible prefix {toks} (score -inf) selected"
+            )
             assert abs(float(tree.scores[b, i]) - s) <= ATOL * max(1.0, abs(s)), (
-                f"row {b} node {i}: score {float(tree.scores[b, i])} != recomputed {s} for {toks}")
+                f"row {b} node {i}: score {float(tree.scores[b, i])} != recomputed {s} for {toks}"
+            )
             if topk_ids is None:
                 # Lemma 1: only ranks < K can appear.  Ranks under (logq desc, id asc).
                 for dd, t in enumerate(toks):
                     strictly_better = int((lq[dd] > lq[dd, t] + 1e-9).sum())
-                    assert strictly_better < kk, f"row {b}: token {t} at depth {dd + 1} outside top-{kk}"
+                    assert strictly_better < kk, (
+                        f"row {b}: token {t} at depth {dd + 1} outside top-{kk}"
+                    )
             else:
                 for dd, t in enumerate(toks):
                     assert t in set(topk_ids[b, dd].tolist())
         # selected scores are exactly the oracle's best ones
         got = torch.sort(tree.scores[b, 1:n].double(), descending=True).values
-        assert torch.allclose(got, best, atol=ATOL, rtol=1e-5), f"row {b}: scores {got.tolist()} vs oracle {best.tolist()}"
+        assert torch.allclose(got, best, atol=ATOL, rtol=1e-5), (
+            f"row {b}: scores {got.tolist()} vs oracle {best.tolist()}"
+        )
 
 
 def assert_same_tree(a: DraftTree, b: DraftTree, exact_scores: bool = True) -> None:
@@ -141,7 +156,9 @@ def oracle_topk(x: torch.Tensor, k: int):
     return vals, ids
 
 
-def assert_topk_equal(logq: torch.Tensor, ids: torch.Tensor, ref_vals: torch.Tensor, ref_ids: torch.Tensor) -> None:
+def assert_topk_equal(
+    logq: torch.Tensor, ids: torch.Tensor, ref_vals: torch.Tensor, ref_ids: torch.Tensor
+) -> None:
     assert logq.dtype == torch.float32 and ids.dtype == torch.int64
     assert tuple(logq.shape) == tuple(ref_vals.shape) and tuple(ids.shape) == tuple(ref_ids.shape)
     assert torch.equal(ids, ref_ids), (ids, ref_ids)
@@ -187,7 +204,7 @@ def shard_inputs(x: torch.Tensor, tp: int, k: int, shuffle_gen: torch.Generator 
     w = V // tp
     vals, ids, lse = [], [], []
     for s in range(tp):
-        part = x[..., s * w:(s + 1) * w]
+        part = x[..., s * w : (s + 1) * w]
         v = torch.empty(bs, L, k)
         i = torch.empty(bs, L, k, dtype=torch.long)
         for b in range(bs):
@@ -249,14 +266,14 @@ def test_merge_sharded_then_build_equals_build():
 @pytest.mark.parametrize(
     "bs,L,V,B,style",
     [
-        (1, 1, 4, 1, "normal"),   # B = 1
-        (1, 1, 4, 3, "normal"),   # L = 1
-        (2, 3, 3, 8, "normal"),   # V < B
-        (3, 4, 2, 9, "normal"),   # V = 2, deep
-        (8, 3, 5, 7, "normal"),   # bs = 8, different logits per request
-        (4, 3, 4, 10, "ints"),    # exact ties
-        (2, 3, 4, 6, "equal"),    # all equal
-        (4, 3, 5, 9, "neginf"),   # impossible tokens
+        (1, 1, 4, 1, "normal"),  # B = 1
+        (1, 1, 4, 3, "normal"),  # L = 1
+        (2, 3, 3, 8, "normal"),  # V < B
+        (3, 4, 2, 9, "normal"),  # V = 2, deep
+        (8, 3, 5, 7, "normal"),  # bs = 8, different logits per request
+        (4, 3, 4, 10, "ints"),  # exact ties
+        (2, 3, 4, 6, "equal"),  # all equal
+        (4, 3, 5, 9, "neginf"),  # impossible tokens
         (2, 4, 5, 20, "normal"),
     ],
 )
@@ -296,7 +313,9 @@ def test_build_full_tree_exact_small_case():
     # so compare the set of prefixes only
     n = int(tree.num_nodes[0])
     assert n == 5
-    got = {tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, n)}
+    got = {
+        tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, n)
+    }
     assert got == {(0,), (0, 0), (1,), (0, 1)}
 
 
@@ -328,7 +347,9 @@ def test_build_neginf_tokens_never_selected():
     check_tree(tree, x, 7, roots)
     assert int(tree.num_nodes[0]) == 5
     assert torch.isfinite(tree.scores[0, :5]).all()
-    real = {tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, 5)}
+    real = {
+        tuple(int(tree.tokens[0, j]) for j in O.path_of(tree.parents[0], i)) for i in range(1, 5)
+    }
     assert real == {(3,), (1,), (3, 0), (1, 0)}
     # a budget smaller than the finite count: still no -inf node
     t2 = build_ddtree(x, 3, roots)
@@ -363,7 +384,7 @@ def test_build_deterministic_and_batch_independent():
         assert_same_tree(t1, t2)
         # every request's tree depends on its own logits only
         for b in range(bs):
-            tb = build_ddtree(x[b:b + 1].clone(), B, roots[b:b + 1].clone())
+            tb = build_ddtree(x[b : b + 1].clone(), B, roots[b : b + 1].clone())
             for name in ("tokens", "parents", "depths", "num_nodes"):
                 assert torch.equal(getattr(tb, name)[0], getattr(t1, name)[b]), (style, b, name)
             assert torch.allclose(tb.scores[0], t1.scores[b], atol=1e-6), (style, b)
@@ -391,8 +412,8 @@ def test_build_from_topk_with_small_k():
     check_tree(chain, x, B, roots, topk_ids=ids1)
     assert chain.num_nodes.tolist() == [1 + L, 1 + L]
     for b in range(bs):
-        assert chain.depths[b, 1:1 + L].tolist() == list(range(1, L + 1))
-        assert chain.tokens[b, 1:1 + L].tolist() == ids1[b, :, 0].tolist()
+        assert chain.depths[b, 1 : 1 + L].tolist() == list(range(1, L + 1))
+        assert chain.tokens[b, 1 : 1 + L].tolist() == ids1[b, :, 0].tolist()
 
 
 # ----------------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import tree_oracles as O
 from hypothesis import given
 from hypothesis import strategies as st
-
-import tree_oracles as O
 from tree_testing import SETTINGS, fields, make_tree
+
 from sglang_spec.tree import (
     TreeMaskMode,
     ancestor_mask,
@@ -53,7 +53,13 @@ def assert_abi_equal(abi, want: dict, mode, N: int, bs: int, seq_lens: torch.Ten
     for name in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         t = getattr(abi, name)
         assert t.dtype == torch.int64 and tuple(t.shape) == (bs, N), name
-    for name in ("draft_tokens", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
+    for name in (
+        "draft_tokens",
+        "positions",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
         assert torch.equal(getattr(abi, name), want[name]), (name, getattr(abi, name), want[name])
     m = abi.tree_mask
     if mode == TreeMaskMode.FULL_MASK:
@@ -110,8 +116,10 @@ def test_tree_positions():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("bs,B,L,V", [(1, 1, 1, 3), (3, 7, 3, 3), (2, 8, 4, 2), (4, 15, 3, 4), (2, 16, 5, 3),
-                                      (2, 31, 6, 4)])
+@pytest.mark.parametrize(
+    "bs,B,L,V",
+    [(1, 1, 1, 3), (3, 7, 3, 3), (2, 8, 4, 2), (4, 15, 3, 4), (2, 16, 5, 3), (2, 31, 6, 4)],
+)
 def test_abi_random_trees(mode, bs, B, L, V):
     N = B + 1
     for seed in range(3):
@@ -124,7 +132,9 @@ def test_abi_random_trees(mode, bs, B, L, V):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_abi_built_trees(mode):
-    for seed, (bs, B, L, V) in enumerate([(2, 5, 3, 4), (3, 10, 4, 3), (1, 20, 3, 6), (2, 6, 1, 3)]):
+    for seed, (bs, B, L, V) in enumerate(
+        [(2, 5, 3, 4), (3, 10, 4, 3), (1, 20, 3, 6), (2, 6, 1, 3)]
+    ):
         f, tree, seq_lens = built_case(seed, bs, B, L, V)
         abi = sglang_tree_abi(tree, seq_lens, mode=mode)
         assert_abi_equal(abi, O.oracle_abi(f, seq_lens, int(mode)), mode, B + 1, bs, seq_lens)
@@ -138,8 +148,17 @@ def test_abi_default_mode_is_full_mask():
     assert a.tree_mask.numel() == int(seq_lens.sum()) * 7 + 2 * 49
 
 
-@pytest.mark.parametrize("N,dtype", [(2, torch.uint8), (8, torch.uint8), (9, torch.uint16), (16, torch.uint16),
-                                     (17, torch.uint32), (32, torch.uint32)])
+@pytest.mark.parametrize(
+    "N,dtype",
+    [
+        (2, torch.uint8),
+        (8, torch.uint8),
+        (9, torch.uint16),
+        (16, torch.uint16),
+        (17, torch.uint32),
+        (32, torch.uint32),
+    ],
+)
 def test_bitpack_dtypes_and_chain_values(N, dtype):
     # a chain: row i sees nodes 0..i -> packed value 2**(i+1) - 1
     x = torch.zeros(1, N - 1, 1)  # V = 1 -> only one prefix per depth, L = N - 1 -> full chain
@@ -151,8 +170,15 @@ def test_bitpack_dtypes_and_chain_values(N, dtype):
 
 
 @SETTINGS
-@given(bs=st.integers(1, 8), B=st.integers(1, 31), L=st.integers(1, 6), V=st.integers(1, 5),
-       seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(MODES), built=st.booleans())
+@given(
+    bs=st.integers(1, 8),
+    B=st.integers(1, 31),
+    L=st.integers(1, 6),
+    V=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(MODES),
+    built=st.booleans(),
+)
 def test_abi_property(bs, B, L, V, seed, mode, built):
     if built:
         f, tree, seq_lens = built_case(seed, bs, B, L, V)
@@ -161,7 +187,9 @@ def test_abi_property(bs, B, L, V, seed, mode, built):
     abi = sglang_tree_abi(tree, seq_lens, mode=mode)
     assert_abi_equal(abi, O.oracle_abi(f, seq_lens, int(mode)), mode, B + 1, bs, seq_lens)
     assert torch.equal(ancestor_mask(tree), O.oracle_ancestor_mask(f["parents"], f["num_nodes"]))
-    assert torch.equal(tree_positions(tree, seq_lens), O.oracle_abi(f, seq_lens, 1)["positions"].view(bs, B + 1))
+    assert torch.equal(
+        tree_positions(tree, seq_lens), O.oracle_abi(f, seq_lens, 1)["positions"].view(bs, B + 1)
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -177,8 +205,17 @@ def _eagle_case(f: dict, seq_lens: torch.Tensor, L: int, mode: int) -> dict:
     for b, e in enumerate(enc):
         plist[b, : len(e[0])] = torch.tensor(e[0])
     sel = torch.tensor([e[1] for e in enc], dtype=torch.long).view(bs, N - 1)
-    return dict(kind="build", bs=bs, N=N, mode=mode, seq_lens=seq_lens, parent_list=plist, selected_index=sel,
-                topk=enc[0][2], depth=L)
+    return dict(
+        kind="build",
+        bs=bs,
+        N=N,
+        mode=mode,
+        seq_lens=seq_lens,
+        parent_list=plist,
+        selected_index=sel,
+        topk=enc[0][2],
+        depth=L,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +224,14 @@ def sglang_runs(tmp_path_factory):
     cases, metas = [], []
     # (a) EAGLE's builder on our full trees, FULL_MASK and QLEN_ONLY (its Triton builder has
     #     no BITPACKING mode; that layout is covered by the eagle.cuh oracle above).
-    shapes = [(2, 5, 3, 4, "built"), (3, 8, 4, 2, "built"), (2, 6, 2, 3, "random"), (3, 10, 4, 3, "random"),
-              (1, 1, 1, 2, "random"), (2, 12, 6, 2, "random")]
+    shapes = [
+        (2, 5, 3, 4, "built"),
+        (3, 8, 4, 2, "built"),
+        (2, 6, 2, 3, "random"),
+        (3, 10, 4, 3, "random"),
+        (1, 1, 1, 2, "random"),
+        (2, 12, 6, 2, "random"),
+    ]
     for seed, (bs, B, L, V, how) in enumerate(shapes):
         if how == "built":
             f, tree, seq_lens = built_case(seed, bs, B, L, V)
@@ -202,8 +245,14 @@ def sglang_runs(tmp_path_factory):
             metas.append(("build", tree, seq_lens, mode, f))
     # (b) EAGLE's greedy verify walk on our ABI (full and padded trees) and
     # (c) NGRAM's reconstruction from our QLEN_ONLY mask
-    wshapes = [(4, 6, 3, 3, "random"), (6, 10, 4, 2, "random"), (3, 9, 3, 4, "built"), (2, 1, 1, 3, "random"),
-               (5, 14, 5, 2, "random"), (3, 5, 1, 2, "built")]
+    wshapes = [
+        (4, 6, 3, 3, "random"),
+        (6, 10, 4, 2, "random"),
+        (3, 9, 3, 4, "built"),
+        (2, 1, 1, 3, "random"),
+        (5, 14, 5, 2, "random"),
+        (3, 5, 1, 2, "built"),
+    ]
     for seed, (bs, B, L, V, how) in enumerate(wshapes):
         if how == "built":
             f, tree, seq_lens = built_case(50 + seed, bs, B, L, V)
@@ -212,11 +261,21 @@ def sglang_runs(tmp_path_factory):
         g = torch.Generator().manual_seed(seed)
         tgt = O.targets_that_often_match(g, f, V)
         abi = sglang_tree_abi(tree, seq_lens, mode=TreeMaskMode.QLEN_ONLY)
-        cases.append(dict(kind="verify", candidates=abi.draft_tokens.view(bs, B + 1), num_speculative_tokens=L + 1,
-                          retrieve_index=abi.retrieve_index, retrieve_next_token=abi.retrieve_next_token,
-                          retrieve_next_sibling=abi.retrieve_next_sibling, target_predict=tgt))
+        cases.append(
+            dict(
+                kind="verify",
+                candidates=abi.draft_tokens.view(bs, B + 1),
+                num_speculative_tokens=L + 1,
+                retrieve_index=abi.retrieve_index,
+                retrieve_next_token=abi.retrieve_next_token,
+                retrieve_next_sibling=abi.retrieve_next_sibling,
+                target_predict=tgt,
+            )
+        )
         metas.append(("verify", tree, tgt, L, f))
-        cases.append(dict(kind="reconstruct", bs=bs, N=B + 1, tree_mask=abi.tree_mask, seq_lens=seq_lens))
+        cases.append(
+            dict(kind="reconstruct", bs=bs, N=B + 1, tree_mask=abi.tree_mask, seq_lens=seq_lens)
+        )
         metas.append(("reconstruct", tree, seq_lens, abi, f))
     outs = O.run_sglang_subprocess(cases, tmp_path_factory.mktemp("sglang"))
     assert len(outs) == len(cases)
@@ -230,7 +289,13 @@ def test_sglang_builder_reproduces_our_abi(sglang_runs):
             continue
         _, tree, seq_lens, mode, f = meta
         ours = sglang_tree_abi(tree, seq_lens, mode=mode)
-        for name in ("positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling", "tree_mask"):
+        for name in (
+            "positions",
+            "retrieve_index",
+            "retrieve_next_token",
+            "retrieve_next_sibling",
+            "tree_mask",
+        ):
             assert torch.equal(getattr(ours, name).reshape(-1), out[name].reshape(-1)), (mode, name)
         # and our oracle agrees with SGLang's builder too (validates the oracle)
         want = O.oracle_abi(f, seq_lens, int(mode))
@@ -262,7 +327,9 @@ def test_sglang_verify_walk_on_our_abi(sglang_runs):
         # along the accepted path SGLang writes the target token = the next accepted draft token
         for b in range(bs):
             for j in range(int(alen[b])):
-                assert int(out["predicts"][int(ai[b, j])]) == int(tree.tokens[b, int(local[b, j + 1])])
+                assert int(out["predicts"][int(ai[b, j])]) == int(
+                    tree.tokens[b, int(local[b, j + 1])]
+                )
         n += 1
     assert n >= 6
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import tree_oracles as O
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
-
-import tree_oracles as O
 from tree_testing import SETTINGS, fields, make_tree
+
 from sglang_spec.tree import (
     DraftTree,
     TreeMaskMode,
@@ -51,7 +51,9 @@ def random_case(seed, bs, B, L, V, full=False):
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bs,B,L,V", [(1, 1, 1, 2), (4, 6, 3, 3), (8, 12, 4, 2), (3, 9, 2, 6), (2, 20, 6, 3)])
+@pytest.mark.parametrize(
+    "bs,B,L,V", [(1, 1, 1, 2), (4, 6, 3, 3), (8, 12, 4, 2), (3, 9, 2, 6), (2, 20, 6, 3)]
+)
 def test_walk_greedy_random_trees(bs, B, L, V):
     for seed in range(6):
         f, tree, tgt = random_case(seed, bs, B, L, V)
@@ -67,8 +69,14 @@ def test_walk_greedy_hand_tree():
     parents = torch.tensor([[-1, 0, 0, 1, 2, 3, -1]])
     depths = torch.tensor([[0, 1, 1, 2, 2, 3, -1]])
     scores = torch.tensor([[0.0, -1, -2, -3, -4, -5, float("-inf")]])
-    tree = DraftTree(tokens=tokens, parents=parents, depths=depths, scores=scores,
-                     num_nodes=torch.tensor([6]), horizon=3)
+    tree = DraftTree(
+        tokens=tokens,
+        parents=parents,
+        depths=depths,
+        scores=scores,
+        num_nodes=torch.tensor([6]),
+        horizon=3,
+    )
     f = fields(tree)
     cases = [
         # target at nodes 0..6                 accepted          len bonus
@@ -100,8 +108,14 @@ def test_walk_greedy_ignores_padding_slots():
 
 
 @SETTINGS
-@given(bs=st.integers(1, 8), B=st.integers(1, 24), L=st.integers(1, 6), V=st.integers(1, 6),
-       seed=st.integers(0, 2**31 - 1), built=st.booleans())
+@given(
+    bs=st.integers(1, 8),
+    B=st.integers(1, 24),
+    L=st.integers(1, 6),
+    V=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    built=st.booleans(),
+)
 def test_walk_greedy_property_and_pointer_walk(bs, B, L, V, seed, built):
     g = torch.Generator().manual_seed(seed)
     if built:
@@ -116,8 +130,9 @@ def test_walk_greedy_property_and_pointer_walk(bs, B, L, V, seed, built):
     # SGLang-style pointer walk over our ABI reproduces the oracle's path
     seq_lens = torch.randint(0, 5, (bs,), generator=g)
     abi = sglang_tree_abi(tree, seq_lens, mode=TreeMaskMode.QLEN_ONLY)
-    paths = O.pointer_walk(abi.retrieve_next_token, abi.retrieve_next_sibling,
-                           abi.draft_tokens.view(bs, B + 1), tgt)
+    paths = O.pointer_walk(
+        abi.retrieve_next_token, abi.retrieve_next_sibling, abi.draft_tokens.view(bs, B + 1), tgt
+    )
     acc, alen, _ = O.oracle_walk_greedy(f, tgt, L)
     for b in range(bs):
         assert paths[b] == acc[b, : int(alen[b]) + 1].tolist()
@@ -137,14 +152,20 @@ def test_walk_sample_is_greedy_walk_on_its_samples():
         for b in range(bs):
             for i in range(1, int(f["num_nodes"][b])):
                 logits[b, int(f["parents"][b, i]), int(f["tokens"][b, i])] += 2.0
-        for kw in (dict(temperature=1.0), dict(temperature=0.7, top_k=2), dict(temperature=1.5, top_p=0.8)):
+        for kw in (
+            dict(temperature=1.0),
+            dict(temperature=0.7, top_k=2),
+            dict(temperature=1.5, top_p=0.8),
+        ):
             res = walk_sample(tree, logits, generator=torch.Generator().manual_seed(seed), **kw)
             check_walk(res, f, res.target_tokens, L)
             real = torch.arange(B + 1)[None, :] < f["num_nodes"][:, None]
             st_ = res.target_tokens[real]
             assert bool(((st_ >= 0) & (st_ < V)).all())
             # same generator seed -> same result
-            res2 = walk_sample(tree, logits.clone(), generator=torch.Generator().manual_seed(seed), **kw)
+            res2 = walk_sample(
+                tree, logits.clone(), generator=torch.Generator().manual_seed(seed), **kw
+            )
             assert torch.equal(res.target_tokens[real], res2.target_tokens[real])
             assert torch.equal(res.accepted, res2.accepted) and torch.equal(res.bonus, res2.bonus)
 
@@ -156,8 +177,15 @@ def test_walk_sample_without_generator_runs():
     check_walk(res, f, res.target_tokens, 3)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=1.0, top_k=1), dict(temperature=0.3, top_k=1),
-                                dict(temperature=2.0, top_k=1, top_p=0.9), dict(temperature=1.0, top_p=1e-6)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=1.0, top_k=1),
+        dict(temperature=0.3, top_k=1),
+        dict(temperature=2.0, top_k=1, top_p=0.9),
+        dict(temperature=1.0, top_p=1e-6),
+    ],
+)
 def test_walk_sample_degenerate_filters_equal_greedy(kw):
     for seed, (bs, B, L, V) in enumerate([(8, 10, 4, 3), (5, 6, 2, 5), (2, 1, 1, 4)]):
         f, tree, _ = random_case(seed, bs, B, L, V)
@@ -209,32 +237,40 @@ V_CHI = 7
 
 def chi_tree(bs: int) -> DraftTree:
     """Fixed tree (V=7, L=3), replicated over bs rows:
-         root(tok 6) -> 1:tok 0 -> 4:tok 2 -> 7:tok 1
-                                -> 5:tok 0
-                     -> 2:tok 1 -> 6:tok 3
-                     -> 3:tok 4
+    root(tok 6) -> 1:tok 0 -> 4:tok 2 -> 7:tok 1
+                           -> 5:tok 0
+                -> 2:tok 1 -> 6:tok 3
+                -> 3:tok 4
     """
     tok = [6, 0, 1, 4, 2, 0, 3, 1]
     par = [-1, 0, 0, 0, 1, 1, 2, 4]
     dep = [0, 1, 1, 1, 2, 2, 2, 3]
     sc = [0.0, -0.5, -1.0, -2.0, -1.2, -1.5, -2.0, -2.2]
     rep = lambda v, dt: torch.tensor([v], dtype=dt).repeat(bs, 1)  # noqa: E731
-    return DraftTree(tokens=rep(tok, torch.long), parents=rep(par, torch.long), depths=rep(dep, torch.long),
-                     scores=rep(sc, torch.float32), num_nodes=torch.full((bs,), 8, dtype=torch.long), horizon=3)
+    return DraftTree(
+        tokens=rep(tok, torch.long),
+        parents=rep(par, torch.long),
+        depths=rep(dep, torch.long),
+        scores=rep(sc, torch.float32),
+        num_nodes=torch.full((bs,), 8, dtype=torch.long),
+        horizon=3,
+    )
 
 
 def chi_logits() -> torch.Tensor:
     """Target logits per node [8, V]; the root puts a lot of mass on token 0 (= node 1)."""
-    x = torch.tensor([
-        [2.0, 1.0, 0.2, -0.5, 0.6, -1.0, 0.0],   # root: token 0 (node 1) most likely
-        [0.4, 0.1, 1.2, -0.3, 0.8, 0.0, -1.5],   # node 1: token 2 -> node 4, token 0 -> node 5
-        [0.05, -0.1, 0.0, 1.0, -1.0, 0.5, 0.3],
-        [1.0, 0.1, -1.0, 0.0, 0.5, -0.2, 0.2],
-        [0.3, 1.1, -0.2, 0.0, 0.7, -0.8, 0.1],
-        [0.0, 0.6, 0.2, 0.1, -0.4, 0.35, 0.9],
-        [0.5, -0.5, 0.45, -0.4, 0.55, -0.6, 0.0],
-        [0.2, 0.1, 0.0, -0.1, -0.2, -0.3, 1.0],
-    ])
+    x = torch.tensor(
+        [
+            [2.0, 1.0, 0.2, -0.5, 0.6, -1.0, 0.0],  # root: token 0 (node 1) most likely
+            [0.4, 0.1, 1.2, -0.3, 0.8, 0.0, -1.5],  # node 1: token 2 -> node 4, token 0 -> node 5
+            [0.05, -0.1, 0.0, 1.0, -1.0, 0.5, 0.3],
+            [1.0, 0.1, -1.0, 0.0, 0.5, -0.2, 0.2],
+            [0.3, 1.1, -0.2, 0.0, 0.7, -0.8, 0.1],
+            [0.0, 0.6, 0.2, 0.1, -0.4, 0.35, 0.9],
+            [0.5, -0.5, 0.45, -0.4, 0.55, -0.6, 0.0],
+            [0.2, 0.1, 0.0, -0.1, -0.2, -0.3, 1.0],
+        ]
+    )
     return x
 
 
@@ -244,8 +280,11 @@ def emitted_tokens(tree: DraftTree, res: WalkResult):
     ar = torch.arange(bs)
     acc = res.accepted
     first = torch.where(res.accept_len >= 1, tree.tokens[ar, acc[:, 1].clamp(min=0)], res.bonus)
-    second = torch.where(res.accept_len >= 2, tree.tokens[ar, acc[:, 2].clamp(min=0)],
-                         torch.where(res.accept_len == 1, res.bonus, torch.full_like(res.bonus, -1)))
+    second = torch.where(
+        res.accept_len >= 2,
+        tree.tokens[ar, acc[:, 2].clamp(min=0)],
+        torch.where(res.accept_len == 1, res.bonus, torch.full_like(res.bonus, -1)),
+    )
     return first, second
 
 
@@ -255,7 +294,9 @@ def chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     support = probs > 0
     if float(counts[~support].sum()) > 0:
         return 0.0
-    return float(chisquare(counts[support].numpy(), (probs[support] * samples.numel()).numpy()).pvalue)
+    return float(
+        chisquare(counts[support].numpy(), (probs[support] * samples.numel()).numpy()).pvalue
+    )
 
 
 def chi2_against(samples: torch.Tensor, probs: torch.Tensor, what: str) -> None:
@@ -263,13 +304,17 @@ def chi2_against(samples: torch.Tensor, probs: torch.Tensor, what: str) -> None:
     assert n >= 300, f"{what}: only {n} samples"
     counts = torch.bincount(samples, minlength=probs.numel()).double()
     support = probs > 0
-    assert float(counts[~support].sum()) == 0.0, f"{what}: sampled outside the support: {counts.tolist()}"
+    assert float(counts[~support].sum()) == 0.0, (
+        f"{what}: sampled outside the support: {counts.tolist()}"
+    )
     obs = counts[support].numpy()
     exp = (probs[support] * n).numpy()
     if obs.size == 1:
         return
     p = chisquare(obs, exp).pvalue
-    assert p > P_MIN, f"{what}: chi2 p={p:.2e} counts={counts.tolist()} expected={(probs * n).tolist()}"
+    assert p > P_MIN, (
+        f"{what}: chi2 p={p:.2e} counts={counts.tolist()} expected={(probs * n).tolist()}"
+    )
 
 
 FILTERS = [
@@ -281,7 +326,9 @@ FILTERS = [
 ]
 
 
-@pytest.mark.parametrize("flt", FILTERS, ids=lambda d: f"T{d['temperature']}-k{d['top_k']}-p{d['top_p']}")
+@pytest.mark.parametrize(
+    "flt", FILTERS, ids=lambda d: f"T{d['temperature']}-k{d['top_k']}-p{d['top_p']}"
+)
 def test_walk_sample_chi2_first_and_second_token(flt):
     bs = 6000
     tree = chi_tree(bs)
@@ -291,8 +338,12 @@ def test_walk_sample_chi2_first_and_second_token(flt):
     for node in (0, 1):
         a = O.filtered_probs(x[node], T, k, p, order="topk_then_topp")
         b = O.filtered_probs(x[node], T, k, p, order="joint")
-        assert torch.allclose(a, b), "test parameters must not depend on the top-k/top-p order convention"
-    res = walk_sample(tree, logits, T, top_p=p, top_k=k, generator=torch.Generator().manual_seed(1234))
+        assert torch.allclose(a, b), (
+            "test parameters must not depend on the top-k/top-p order convention"
+        )
+    res = walk_sample(
+        tree, logits, T, top_p=p, top_k=k, generator=torch.Generator().manual_seed(1234)
+    )
     first, second = emitted_tokens(tree, res)
     chi2_against(first, O.filtered_probs(x[0], T, k, p), f"first token {flt}")
     # power check: the same samples must reject the unfiltered T=1 distribution whenever it
@@ -324,7 +375,9 @@ def test_walk_sample_chi2_third_token():
     first, second = emitted_tokens(tree, res)
     sel = (first == 0) & (second == 2)
     ar = torch.arange(bs)
-    third = torch.where(res.accept_len >= 3, tree.tokens[ar, res.accepted[:, 3].clamp(min=0)], res.bonus)
+    third = torch.where(
+        res.accept_len >= 3, tree.tokens[ar, res.accepted[:, 3].clamp(min=0)], res.bonus
+    )
     assert bool((res.accept_len[sel] >= 2).all())
     chi2_against(third[sel], O.filtered_probs(x[4], 1.0, -1, 1.0), "third token | 0, 2")
 
@@ -344,8 +397,15 @@ def test_walk_sample_chi2_per_row_parameters():
     for lo, t, k, p in ((0, 0.5, -1, 1.0), (half, 2.0, 4, 0.9)):
         rows = slice(lo, lo + half)
         for node in (0, 1):
-            assert torch.allclose(O.filtered_probs(x[node], t, k, p, order="joint"), O.filtered_probs(x[node], t, k, p))
-        chi2_against(first[rows], O.filtered_probs(x[0], t, k, p), f"first token rows {lo}+ (T={t},k={k},p={p})")
+            assert torch.allclose(
+                O.filtered_probs(x[node], t, k, p, order="joint"),
+                O.filtered_probs(x[node], t, k, p),
+            )
+        chi2_against(
+            first[rows],
+            O.filtered_probs(x[0], t, k, p),
+            f"first token rows {lo}+ (T={t},k={k},p={p})",
+        )
         f_ = first[rows]
         s_ = second[rows]
         chi2_against(s_[f_ == 0], O.filtered_probs(x[1], t, k, p), f"second token rows {lo}+")
@@ -358,10 +418,20 @@ def test_walk_sample_chi2_not_biased_by_draft_scores():
     bs = 6000
     tree = chi_tree(bs)
     x = chi_logits()
-    tree2 = DraftTree(tokens=tree.tokens, parents=tree.parents, depths=tree.depths,
-                      scores=tree.scores * 10 - 3 * torch.arange(8).float(), num_nodes=tree.num_nodes, horizon=3)
+    tree2 = DraftTree(
+        tokens=tree.tokens,
+        parents=tree.parents,
+        depths=tree.depths,
+        scores=tree.scores * 10 - 3 * torch.arange(8).float(),
+        num_nodes=tree.num_nodes,
+        horizon=3,
+    )
     tree2.scores[:, 0] = 0.0
-    res = walk_sample(tree2, x[None].repeat(bs, 1, 1), 1.0, generator=torch.Generator().manual_seed(5))
+    res = walk_sample(
+        tree2, x[None].repeat(bs, 1, 1), 1.0, generator=torch.Generator().manual_seed(5)
+    )
     first, second = emitted_tokens(tree2, res)
     chi2_against(first, O.filtered_probs(x[0], 1.0, -1, 1.0), "first token, rescored tree")
-    chi2_against(second[first == 0], O.filtered_probs(x[1], 1.0, -1, 1.0), "second token, rescored tree")
+    chi2_against(
+        second[first == 0], O.filtered_probs(x[1], 1.0, -1, 1.0), "second token, rescored tree"
+    )

@@ -60,5 +60,9 @@ CHILD = textwrap.dedent(
 
 def test_triton_kernels_match_torch_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "TRITON_OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and "TRITON_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-5000:]
+    )

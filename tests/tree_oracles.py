@@ -89,7 +89,9 @@ def oracle_best_scores(lq: torch.Tensor, budget: int, k: int | None = None) -> t
     allscores = all_prefix_scores(lq)
     allscores = allscores[torch.isfinite(allscores)]
     best_all = torch.sort(allscores, descending=True).values[:n_real]
-    best_restricted = torch.sort(torch.tensor(finite_restricted, dtype=torch.float64), descending=True).values[:n_real]
+    best_restricted = torch.sort(
+        torch.tensor(finite_restricted, dtype=torch.float64), descending=True
+    ).values[:n_real]
     # Lemma 1 sanity check of the oracle itself (only meaningful for k = min(B, V)).
     if k == min(budget, V):
         assert torch.allclose(best_all, best_restricted, atol=1e-9), "oracle: Lemma 1 violated?"
@@ -114,8 +116,9 @@ def path_of(parents_row, i: int) -> list:
 # ----------------------------------------------------------------------------------------
 
 
-def random_tree_fields(gen: torch.Generator, bs: int, budget: int, L: int, V: int, allow_padding=True,
-                       full=False) -> dict:
+def random_tree_fields(
+    gen: torch.Generator, bs: int, budget: int, L: int, V: int, allow_padding=True, full=False
+) -> dict:
     """Random DraftTree fields obeying the contract: index 0 = root, parent < child, distinct
     sibling tokens, depth <= L, real nodes are [0, num_nodes), padding = (root token, -1, -1, -inf)."""
     N = 1 + budget
@@ -155,7 +158,9 @@ def random_tree_fields(gen: torch.Generator, bs: int, budget: int, L: int, V: in
     return dict(tokens=tokens, parents=parents, depths=depths, scores=scores, num_nodes=num_nodes)
 
 
-def targets_that_often_match(gen: torch.Generator, f: dict, V: int, p_match: float = 0.75) -> torch.Tensor:
+def targets_that_often_match(
+    gen: torch.Generator, f: dict, V: int, p_match: float = 0.75
+) -> torch.Tensor:
     """Target tokens [bs, N]: at a node with children, with prob p_match pick one child's token."""
     tokens, parents, num_nodes = f["tokens"], f["parents"], f["num_nodes"]
     bs, N = tokens.shape
@@ -262,8 +267,9 @@ def oracle_walk_greedy(f: dict, target_tokens: torch.Tensor, L: int):
         best = []
         for i in range(1, int(num_nodes[b])):
             path = path_of(parents[b], i)
-            ok = all(int(tokens[b, c]) == int(target_tokens[b, p])
-                     for p, c in zip([0] + path[:-1], path))
+            ok = all(
+                int(tokens[b, c]) == int(target_tokens[b, p]) for p, c in zip([0] + path[:-1], path)
+            )
             if ok:
                 assert len(path) != len(best) or path == best, "two accepted paths of equal length"
                 if len(path) > len(best):
@@ -307,8 +313,13 @@ def pointer_walk(next_token, next_sibling, draft_tokens_2d, target_tokens):
 # ----------------------------------------------------------------------------------------
 
 
-def filtered_probs(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                   order: str = "topk_then_topp") -> torch.Tensor:
+def filtered_probs(
+    logits_row: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    order: str = "topk_then_topp",
+) -> torch.Tensor:
     """Target distribution after temperature, top-k, top-p, float64, renormalised.
 
     order="topk_then_topp": SGLang's tree-verify order (softmax(T) -> top_k_renorm ->
@@ -385,17 +396,26 @@ def run_sglang_subprocess(cases: list, tmpdir) -> list:
     env = dict(os.environ)
     env["TRITON_INTERPRET"] = "1"
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), inp, out], env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), inp, out],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if r.returncode != 0:
-        raise AssertionError(f"SGLang subprocess failed (rc={r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
+        raise AssertionError(
+            f"SGLang subprocess failed (rc={r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+        )
     return torch.load(out)
 
 
 SGLANG_KERNELS = {
     # file under site-packages/sglang/          -> Triton kernels taken verbatim from it
-    "kernels/ops/speculative/spec_tree.py": ("sgl_build_tree_kernel_efficient_triton",
-                                              "verify_tree_greedy_kernel_triton"),
+    "kernels/ops/speculative/spec_tree.py": (
+        "sgl_build_tree_kernel_efficient_triton",
+        "verify_tree_greedy_kernel_triton",
+    ),
     "kernels/ops/speculative/reconstruct_tree.py": ("_reconstruct_tree_mask_kernel",),
 }
 
@@ -436,12 +456,21 @@ def _sglang_main(inp: str, out: str) -> None:
             accept_index = torch.full((bs, D), -1, dtype=torch.int32)
             accept_num = torch.zeros(bs, dtype=torch.int32)
             verify_k[(bs,)](
-                predicts, accept_index, accept_num, cand,
-                c["retrieve_index"].long().contiguous(), c["retrieve_next_token"].long().contiguous(),
-                c["retrieve_next_sibling"].long().contiguous(), c["target_predict"].long().contiguous(),
-                batch_size=bs, num_speculative_tokens=D, num_draft_tokens=N,
+                predicts,
+                accept_index,
+                accept_num,
+                cand,
+                c["retrieve_index"].long().contiguous(),
+                c["retrieve_next_token"].long().contiguous(),
+                c["retrieve_next_sibling"].long().contiguous(),
+                c["target_predict"].long().contiguous(),
+                batch_size=bs,
+                num_speculative_tokens=D,
+                num_draft_tokens=N,
             )
-            results.append(dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num))
+            results.append(
+                dict(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num)
+            )
         elif kind == "reconstruct":
             bs, N = c["bs"], c["N"]
             pos = torch.full((bs * N,), -7, dtype=torch.long)
@@ -449,16 +478,32 @@ def _sglang_main(inp: str, out: str) -> None:
             nt = torch.full((bs * N,), -7, dtype=torch.long)
             ns = torch.full((bs * N,), -7, dtype=torch.long)
             block_n = 1 << max(0, (N - 1).bit_length())  # sglang.srt.utils.next_power_of_2
-            recon_k[(bs,)](c["tree_mask"].to(torch.bool).contiguous(), c["seq_lens"].long().contiguous(),
-                           pos, ri, nt, ns, N, block_n)
-            results.append(dict(positions=pos, retrieve_index=ri.view(bs, N), retrieve_next_token=nt.view(bs, N),
-                                retrieve_next_sibling=ns.view(bs, N)))
+            recon_k[(bs,)](
+                c["tree_mask"].to(torch.bool).contiguous(),
+                c["seq_lens"].long().contiguous(),
+                pos,
+                ri,
+                nt,
+                ns,
+                N,
+                block_n,
+            )
+            results.append(
+                dict(
+                    positions=pos,
+                    retrieve_index=ri.view(bs, N),
+                    retrieve_next_token=nt.view(bs, N),
+                    retrieve_next_sibling=ns.view(bs, N),
+                )
+            )
         elif kind == "build":
             bs, N, mode = c["bs"], c["N"], c["mode"]
             seq_lens = c["seq_lens"].long().contiguous()
             # eagle_utils.build_tree_kernel_efficient: the mask starts all True
             if mode == 0:
-                tree_mask = torch.full((int(seq_lens.sum()) * N + N * N * bs,), True, dtype=torch.bool)
+                tree_mask = torch.full(
+                    (int(seq_lens.sum()) * N + N * N * bs,), True, dtype=torch.bool
+                )
             else:
                 tree_mask = torch.full((N * N * bs,), True, dtype=torch.bool)
             positions = torch.empty(bs * N, dtype=torch.long)
@@ -468,12 +513,32 @@ def _sglang_main(inp: str, out: str) -> None:
             selected_index = c["selected_index"].long().contiguous()
             seq_len_prefix_sum = torch.cumsum(seq_lens, dim=0) - seq_lens
             build_k[(bs,)](
-                parent_list, selected_index, seq_lens, seq_len_prefix_sum, tree_mask, positions, ri, nt, ns,
-                topk=c["topk"], depth=c["depth"], draft_token_num=N, tree_mask_mode=int(mode), batch_size=bs,
-                parent_list_stride=parent_list.stride(0), selected_index_stride=selected_index.stride(0),
+                parent_list,
+                selected_index,
+                seq_lens,
+                seq_len_prefix_sum,
+                tree_mask,
+                positions,
+                ri,
+                nt,
+                ns,
+                topk=c["topk"],
+                depth=c["depth"],
+                draft_token_num=N,
+                tree_mask_mode=int(mode),
+                batch_size=bs,
+                parent_list_stride=parent_list.stride(0),
+                selected_index_stride=selected_index.stride(0),
             )
-            results.append(dict(tree_mask=tree_mask, positions=positions, retrieve_index=ri.clone(),
-                                retrieve_next_token=nt.clone(), retrieve_next_sibling=ns.clone()))
+            results.append(
+                dict(
+                    tree_mask=tree_mask,
+                    positions=positions,
+                    retrieve_index=ri.clone(),
+                    retrieve_next_token=nt.clone(),
+                    retrieve_next_sibling=ns.clone(),
+                )
+            )
         else:
             raise ValueError(kind)
     torch.save(results, out)

@@ -29,9 +29,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok, target, drafter = demo.load_pair(args.pair)
-    prompts = demo.heldout_prompts(args.num_prompts, spread=False)  # the order tools/gpu_e2e.py used
-    print("| server | SGLang tokens/step | reference tokens/step | token ids equal | "
-          "verify steps on the equal prompts: SGLang / reference |")
+    prompts = demo.heldout_prompts(
+        args.num_prompts, spread=False
+    )  # the order tools/gpu_e2e.py used
+    print(
+        "| server | SGLang tokens/step | reference tokens/step | token ids equal | "
+        "verify steps on the equal prompts: SGLang / reference |"
+    )
     print("|---|---|---|---|---|")
     for server in json.load(open(args.e2e_json)):
         m = re.fullmatch(r"(dflash|ddtree)(\d*)(\+graphs)?", server["label"])
@@ -44,15 +48,20 @@ def main() -> None:
         same_steps = [0, 0]
         for prompt, g in zip(prompts, server["greedy"]):
             ids = tok(prompt, return_tensors="pt").input_ids
-            res = generate(target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens)
+            res = generate(
+                target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens
+            )
             emitted += len(res.tokens)
             steps += len(res.steps)  # like spec_verify_ct, which does not count the prefill forward
             if res.tokens == g["output_ids"]:
                 same += 1
                 same_steps[0] += g["meta"]["spec_verify_ct"]
                 same_steps[1] += len(res.steps)
-        print(f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} | "
-              f"{same_steps[0]} / {same_steps[1]} |", flush=True)
+        print(
+            f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} | "
+            f"{same_steps[0]} / {same_steps[1]} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,10 @@ def _pair_test(servers, model, prompt_ids: list[int], temperature: float) -> Non
         logits = model(torch.tensor([prompt_ids + [first]])).logits[0, -1].float() / temperature
     exact = logits.softmax(-1).tolist()
     ar2 = Counter(p[1] for p in pairs[ar_label] if p[0] == first)
-    print(f"| server | samples with 1st token {first} | chi-square p vs AR's samples | "
-          f"chi-square p vs the exact target distribution (T={temperature}) |")
+    print(
+        f"| server | samples with 1st token {first} | chi-square p vs AR's samples | "
+        f"chi-square p vs the exact target distribution (T={temperature}) |"
+    )
     print("|---|---|---|---|")
     for label, ps in pairs.items():
         other = Counter(p[1] for p in ps if p[0] == first)
@@ -64,9 +66,13 @@ def _pair_test(servers, model, prompt_ids: list[int], temperature: float) -> Non
         vs_ar = "-"
         if label != ar_label:
             keys = sorted(set(ar2) | set(other))
-            common = [k for k in keys if ar2[k] + other[k] >= 10]  # pool rare tokens: expected counts >= 5
-            rows = [[ar2[k] for k in common] + [sum(ar2[k] for k in keys if k not in common)],
-                    [other[k] for k in common] + [sum(other[k] for k in keys if k not in common)]]
+            common = [
+                k for k in keys if ar2[k] + other[k] >= 10
+            ]  # pool rare tokens: expected counts >= 5
+            rows = [
+                [ar2[k] for k in common] + [sum(ar2[k] for k in keys if k not in common)],
+                [other[k] for k in common] + [sum(other[k] for k in keys if k not in common)],
+            ]
             if rows[0][-1] + rows[1][-1] == 0:
                 rows = [r[:-1] for r in rows]
             vs_ar = f"{chi2_contingency(rows).pvalue:.3g}"
@@ -86,12 +92,16 @@ def main() -> None:
     ap.add_argument("--prompts", required=True, help="the JSONL the e2e run used")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--dist-temperature", type=float, default=1.0, help="gpu_e2e.py's --dist-temperature")
+    ap.add_argument(
+        "--dist-temperature", type=float, default=1.0, help="gpu_e2e.py's --dist-temperature"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.target)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][: args.num_prompts]
+    prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][
+        : args.num_prompts
+    ]
     prompt_ids = [tok(p).input_ids for p in prompts]
     scores = {}
     for server in json.load(open(args.e2e_json)):
@@ -103,14 +113,16 @@ def main() -> None:
         ]
     _pair_test(json.load(open(args.e2e_json)), model, prompt_ids[0], args.dist_temperature)
     ar = next((xs for label, xs in scores.items() if is_ar(label)), None)
-    print(f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |")
+    print(
+        f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |"
+    )
     print("|---|---|---|---|---|")
     for label, xs in scores.items():
         m, se = statistics.mean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
         t = "-"
         if ar is not None and not is_ar(label):
             se_ar = statistics.stdev(ar) / math.sqrt(len(ar))
-            t = f"{(m - statistics.mean(ar)) / math.sqrt(se ** 2 + se_ar ** 2):+.2f}"
+            t = f"{(m - statistics.mean(ar)) / math.sqrt(se**2 + se_ar**2):+.2f}"
         print(f"| {label} | {len(xs)} | {m:.3f} | {se:.3f} | {t} |")
 
 

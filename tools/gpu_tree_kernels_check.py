@@ -47,18 +47,32 @@ def main() -> int:
         predicts = torch.full((bs * N,), -7, dtype=torch.int32, device=dev)
         accept_index = torch.full((bs, L + 1), -1, dtype=torch.int32, device=dev)
         accept_num = torch.zeros(bs, dtype=torch.int32, device=dev)
-        verify_tree_greedy_func(predicts, accept_index, accept_num, abi.draft_tokens.view(bs, N),
-                                abi.retrieve_index, abi.retrieve_next_token, abi.retrieve_next_sibling, tgt)
+        verify_tree_greedy_func(
+            predicts,
+            accept_index,
+            accept_num,
+            abi.draft_tokens.view(bs, N),
+            abi.retrieve_index,
+            abi.retrieve_next_token,
+            abi.retrieve_next_sibling,
+            tgt,
+        )
         ours = walk_greedy(tree, tgt)
         rows = torch.arange(bs, device=dev)
         sg_local = torch.where(accept_index >= 0, accept_index.long() - rows[:, None] * N, -1)
         last = sg_local.gather(1, accept_num.long()[:, None]).squeeze(1)
         sg_bonus = predicts.view(bs, N).long().gather(1, last[:, None]).squeeze(1)
-        equal = (torch.equal(sg_local, ours.accepted) and torch.equal(accept_num.long(), ours.accept_len)
-                 and torch.equal(sg_bonus, ours.bonus))
+        equal = (
+            torch.equal(sg_local, ours.accepted)
+            and torch.equal(accept_num.long(), ours.accept_len)
+            and torch.equal(sg_bonus, ours.bonus)
+        )
         ok &= equal
-        print(f"| {bs} | {budget} | {vocab} | {bs} | {ours.accept_len.float().mean().item():.2f} | {equal} |", flush=True)
-    print("SGLang's CUDA verify_tree_greedy agrees with walk_greedy:" , ok)
+        print(
+            f"| {bs} | {budget} | {vocab} | {bs} | {ours.accept_len.float().mean().item():.2f} | {equal} |",
+            flush=True,
+        )
+    print("SGLang's CUDA verify_tree_greedy agrees with walk_greedy:", ok)
     return 0 if ok else 1
 
 

@@ -88,11 +88,29 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Held out of tokenizer and LM training; all exist as top-level modules in CPython 3.11 and 3.12.
-HELDOUT_MODULES = ["textwrap.py", "fractions.py", "statistics.py", "difflib.py", "shlex.py",
-                   "calendar.py", "colorsys.py", "heapq.py", "graphlib.py", "pprint.py"]
+HELDOUT_MODULES = [
+    "textwrap.py",
+    "fractions.py",
+    "statistics.py",
+    "difflib.py",
+    "shlex.py",
+    "calendar.py",
+    "colorsys.py",
+    "heapq.py",
+    "graphlib.py",
+    "pprint.py",
+]
 # test/tests/idlelib/site-packages as asked; encodings (charmap tables) and pydoc_data (one big
 # docs string) are data, not code.
-EXCLUDE_DIRS = ["test", "tests", "idlelib", "site-packages", "__pycache__", "encodings", "pydoc_data"]
+EXCLUDE_DIRS = [
+    "test",
+    "tests",
+    "idlelib",
+    "site-packages",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+]
 VAL_EVERY = 40  # every 40th training file (sorted order) is the in-distribution validation set
 
 COMPONENTS = ["tokenizer", "hybrid", "mtp", "hybrid-dflash", "qwen3", "qwen3-dflash"]
@@ -101,51 +119,151 @@ COMPONENTS = ["tokenizer", "hybrid", "mtp", "hybrid-dflash", "qwen3", "qwen3-dfl
 # Sizes. "full" is what the H200 trains (total bf16 < 20 MB); "tiny" is the CPU smoke mode.
 # ----------------------------------------------------------------------------------------------
 FULL = {
-    "vocab": 4096, "seq_len": 512, "tok_max_bytes": None,
-    "hybrid": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=8, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2,
-                   linear_key_head_dim=64, linear_value_head_dim=64),
-    "qwen3": dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64),
+    "vocab": 4096,
+    "seq_len": 512,
+    "tok_max_bytes": None,
+    "hybrid": dict(
+        hidden_size=256,
+        intermediate_size=384,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+    ),
+    "qwen3": dict(
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
     # hybrid drafter: 2 layers and features up to layer 6 (the deepest SGLang allows for 8 layers) beat
     # 1 layer / [1, 3, 5] in benchmarks/results/drafter_variants_h200.md; the qwen3 drafter stays small
     # to keep the fixtures under 20 MB.
-    "drafter": {"hybrid": dict(num_hidden_layers=2, intermediate_size=384, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=64),
-                "qwen3": dict(num_hidden_layers=1, intermediate_size=256, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=64)},
-    "hybrid_layer_ids": [2, 4, 6], "qwen3_layer_ids": [0, 2], "block_size": 16,
+    "drafter": {
+        "hybrid": dict(
+            num_hidden_layers=2,
+            intermediate_size=384,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+        ),
+        "qwen3": dict(
+            num_hidden_layers=1,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+        ),
+    },
+    "hybrid_layer_ids": [2, 4, 6],
+    "qwen3_layer_ids": [0, 2],
+    "block_size": 16,
     # per training: steps, batch size, peak LR, warm-up steps, time box (s)
     "train": {
         "hybrid": dict(steps=1200, bs=32, lr=2e-3, warmup=100, box=330),
         "mtp": dict(steps=1200, bs=32, lr=1.5e-3, warmup=60, box=170),
-        "hybrid-dflash": dict(steps=4000, bs=64, lr=3e-3, warmup=80, box=330, anchors=32,
-                              gen_frac=0.75, gen_seqs=4096, gen_new=320),
+        "hybrid-dflash": dict(
+            steps=4000,
+            bs=64,
+            lr=3e-3,
+            warmup=80,
+            box=330,
+            anchors=32,
+            gen_frac=0.75,
+            gen_seqs=4096,
+            gen_new=320,
+        ),
         "qwen3": dict(steps=1500, bs=32, lr=2e-3, warmup=100, box=200),
         # self-generated data did not help the qwen3 drafter (DFLASH 1.56 vs 1.72 tokens/step)
-        "qwen3-dflash": dict(steps=4000, bs=64, lr=2e-3, warmup=80, box=330, anchors=32,
-                             gen_frac=0.0, gen_seqs=4096, gen_new=320),
+        "qwen3-dflash": dict(
+            steps=4000,
+            bs=64,
+            lr=2e-3,
+            warmup=80,
+            box=330,
+            anchors=32,
+            gen_frac=0.0,
+            gen_seqs=4096,
+            gen_new=320,
+        ),
     },
-    "log_every": 50, "eval_every": 400, "eval_batches": 4,
+    "log_every": 50,
+    "eval_every": 400,
+    "eval_batches": 4,
 }
 TINY = {
-    "vocab": 512, "seq_len": 64, "tok_max_bytes": 200_000,
-    "hybrid": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
-                   num_key_value_heads=1, head_dim=32, linear_num_key_heads=1, linear_num_value_heads=2,
-                   linear_key_head_dim=32, linear_value_head_dim=32),
-    "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=32),
-    "drafter": {k: dict(num_hidden_layers=1, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                        head_dim=32) for k in ("hybrid", "qwen3")},
-    "hybrid_layer_ids": [1, 3, 5], "qwen3_layer_ids": [0, 2], "block_size": 8,
+    "vocab": 512,
+    "seq_len": 64,
+    "tok_max_bytes": 200_000,
+    "hybrid": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+    ),
+    "qwen3": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+    ),
+    "drafter": {
+        k: dict(
+            num_hidden_layers=1,
+            intermediate_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+        )
+        for k in ("hybrid", "qwen3")
+    },
+    "hybrid_layer_ids": [1, 3, 5],
+    "qwen3_layer_ids": [0, 2],
+    "block_size": 8,
     "train": {
         "hybrid": dict(steps=4, bs=4, lr=3e-3, warmup=2, box=60),
         "mtp": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60),
-        "hybrid-dflash": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60, anchors=4, gen_frac=0.5, gen_seqs=8, gen_new=32),
+        "hybrid-dflash": dict(
+            steps=3,
+            bs=4,
+            lr=3e-3,
+            warmup=1,
+            box=60,
+            anchors=4,
+            gen_frac=0.5,
+            gen_seqs=8,
+            gen_new=32,
+        ),
         "qwen3": dict(steps=4, bs=4, lr=3e-3, warmup=2, box=60),
-        "qwen3-dflash": dict(steps=3, bs=4, lr=3e-3, warmup=1, box=60, anchors=4, gen_frac=0.5, gen_seqs=8, gen_new=32),
+        "qwen3-dflash": dict(
+            steps=3,
+            bs=4,
+            lr=3e-3,
+            warmup=1,
+            box=60,
+            anchors=4,
+            gen_frac=0.5,
+            gen_seqs=8,
+            gen_new=32,
+        ),
     },
-    "log_every": 2, "eval_every": 1000, "eval_batches": 1,
+    "log_every": 2,
+    "eval_every": 1000,
+    "eval_batches": 1,
 }
 COMMON = dict(rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048)
 
@@ -169,7 +287,9 @@ def sync(device) -> None:
 
 
 def autocast(device, enabled=True):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
+    return torch.autocast(
+        device_type=device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,24 +344,53 @@ def train_tokenizer(out_dir: str, texts: list[str], vocab: int) -> dict:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     os.makedirs(out_dir, exist_ok=True)
     tok.save(os.path.join(out_dir, "tokenizer.json"), pretty=False)
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
-    added = {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True} for s, i in ids.items()}
+    added = {
+        str(i): {
+            "content": s,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for s, i in ids.items()
+    }
     extra = ["<|im_start|>", "<|im_end|>", "<|MASK|>"]
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "added_tokens_decoder": added, "bos_token": None,
-           "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
-           "additional_special_tokens": extra, "model_max_length": 2048,
-           "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "additional_special_tokens": extra,
+        "model_max_length": 2048,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fh:
         json.dump(cfg, fh, indent=2)
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as fh:
-        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                   "additional_special_tokens": extra}, fh, indent=2)
+        json.dump(
+            {
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "additional_special_tokens": extra,
+            },
+            fh,
+            indent=2,
+        )
     return {"vocab_size": tok.get_vocab_size(), "special_ids": ids}
 
 
@@ -279,9 +428,11 @@ class Data:
         self.val = encode_stream(tok, [read(p) for p in val], eot).to(device)
         self.held = encode_stream(tok, [read(p) for p in held], eot).to(device)
         self.device, self.seq_len = device, seq_len
-        log(f"data: train {len(train)} files {self.train.numel()} tok | val {len(val)} files "
+        log(
+            f"data: train {len(train)} files {self.train.numel()} tok | val {len(val)} files "
             f"{self.val.numel()} tok | heldout {len(held)} files {self.held.numel()} tok "
-            f"({time.time() - t:.1f}s)")
+            f"({time.time() - t:.1f}s)"
+        )
 
     def windows(self, stream, bs, length, gen):
         starts = torch.randint(0, stream.numel() - length, (bs,), generator=gen)
@@ -315,20 +466,34 @@ def heldout_prompts(files, tok, per_module=5, max_prompt_tokens=320):
                     if not doc or node.name.startswith("_") or not node.body[1:]:
                         continue
                     ds = node.body[0]
-                    cut = node.col_offset  # dedent by the def's indent only: prompt + reference = source
-                    strip = lambda ls: "".join(ln[cut:] if ln[:cut].strip() == "" else ln.lstrip() for ln in ls)
-                    head = strip(lines[node.lineno - 1: ds.end_lineno])
-                    body = strip(lines[ds.end_lineno: node.end_lineno])
+                    cut = (
+                        node.col_offset
+                    )  # dedent by the def's indent only: prompt + reference = source
+                    strip = lambda ls: "".join(
+                        ln[cut:] if ln[:cut].strip() == "" else ln.lstrip() for ln in ls
+                    )
+                    head = strip(lines[node.lineno - 1 : ds.end_lineno])
+                    body = strip(lines[ds.end_lineno : node.end_lineno])
                     cands.append((prefix + node.name, head, body))
 
         visit(tree.body, "")
         cands = [c for c in cands if len(tok.encode(c[1]).ids) <= max_prompt_tokens]
         if len(cands) > per_module:  # evenly spaced over the file, deterministic
-            cands = [cands[round(i * (len(cands) - 1) / (per_module - 1))] for i in range(per_module)]
+            cands = [
+                cands[round(i * (len(cands) - 1) / (per_module - 1))] for i in range(per_module)
+            ]
         mod = os.path.basename(path)[:-3]
         for qual, head, body in cands:
-            rows.append({"id": f"{mod}:{qual}", "module": mod, "qualname": qual, "prompt": head,
-                         "reference": body[:2000], "prompt_tokens": len(tok.encode(head).ids)})
+            rows.append(
+                {
+                    "id": f"{mod}:{qual}",
+                    "module": mod,
+                    "qualname": qual,
+                    "prompt": head,
+                    "reference": body[:2000],
+                    "prompt_tokens": len(tok.encode(head).ids),
+                }
+            )
     return rows
 
 
@@ -342,22 +507,38 @@ def hybrid_config(S, ids, vocab):
     n = h["num_hidden_layers"]
     assert n % 4 == 0
     return Qwen3_5TextConfig(
-        vocab_size=vocab, **h, linear_conv_kernel_dim=4,
+        vocab_size=vocab,
+        **h,
+        linear_conv_kernel_dim=4,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (n // 4),
-        rope_parameters={"rope_type": "default", "rope_theta": COMMON["rope_theta"], "partial_rotary_factor": 0.25},
-        max_position_embeddings=COMMON["max_position_embeddings"], rms_norm_eps=COMMON["rms_norm_eps"],
-        tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"])
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": COMMON["rope_theta"],
+            "partial_rotary_factor": 0.25,
+        },
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        rms_norm_eps=COMMON["rms_norm_eps"],
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
 
 
 def qwen3_config(S, ids, vocab):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=vocab, **S["qwen3"], rope_theta=COMMON["rope_theta"],
-        max_position_embeddings=COMMON["max_position_embeddings"], rms_norm_eps=COMMON["rms_norm_eps"],
-        tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"])
+        vocab_size=vocab,
+        **S["qwen3"],
+        rope_theta=COMMON["rope_theta"],
+        max_position_embeddings=COMMON["max_position_embeddings"],
+        rms_norm_eps=COMMON["rms_norm_eps"],
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
 
 
 def build_target(kind, cfg):
@@ -393,7 +574,10 @@ class Qwen35MTP(nn.Module):
     def __init__(self, tcfg):
         super().__init__()
         from transformers.models.qwen3_5.modeling_qwen3_5 import (
-            Qwen3_5DecoderLayer, Qwen3_5RMSNorm, Qwen3_5TextRotaryEmbedding)
+            Qwen3_5DecoderLayer,
+            Qwen3_5RMSNorm,
+            Qwen3_5TextRotaryEmbedding,
+        )
 
         c = copy.deepcopy(tcfg)
         c.num_hidden_layers = 1
@@ -413,7 +597,9 @@ class Qwen35MTP(nn.Module):
         x = self.fc(x)
         # Qwen3.5's rotary is multimodal (3 position rows); transformers 5.17 needs them explicit.
         pe = self.rotary_emb(x, position_ids[None].expand(3, -1, -1))
-        x = self.layers[0](x, position_embeddings=pe, attention_mask=None, position_ids=position_ids)
+        x = self.layers[0](
+            x, position_embeddings=pe, attention_mask=None, position_ids=position_ids
+        )
         return self.norm(x)
 
 
@@ -444,14 +630,29 @@ def check_causal(mtp, H, device):
 def drafter_cfg(S, kind, target_cfg, layer_ids, mask_id, vocab):
     d = S["drafter"][kind]
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": S["block_size"],
-        "dflash_config": {"mask_token_id": mask_id, "mask_token": "<|MASK|>", "target_layer_ids": list(layer_ids)},
-        "num_target_layers": target_cfg.num_hidden_layers, "hidden_size": target_cfg.hidden_size,
-        "intermediate_size": d["intermediate_size"], "num_hidden_layers": d["num_hidden_layers"],
-        "num_attention_heads": d["num_attention_heads"], "num_key_value_heads": d["num_key_value_heads"],
-        "head_dim": d["head_dim"], "vocab_size": vocab, "rms_norm_eps": COMMON["rms_norm_eps"],
-        "rope_theta": COMMON["rope_theta"], "max_position_embeddings": COMMON["max_position_embeddings"],
-        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_bias": False,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": S["block_size"],
+        "dflash_config": {
+            "mask_token_id": mask_id,
+            "mask_token": "<|MASK|>",
+            "target_layer_ids": list(layer_ids),
+        },
+        "num_target_layers": target_cfg.num_hidden_layers,
+        "hidden_size": target_cfg.hidden_size,
+        "intermediate_size": d["intermediate_size"],
+        "num_hidden_layers": d["num_hidden_layers"],
+        "num_attention_heads": d["num_attention_heads"],
+        "num_key_value_heads": d["num_key_value_heads"],
+        "head_dim": d["head_dim"],
+        "vocab_size": vocab,
+        "rms_norm_eps": COMMON["rms_norm_eps"],
+        "rope_theta": COMMON["rope_theta"],
+        "max_position_embeddings": COMMON["max_position_embeddings"],
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
         "layer_types": ["full_attention"] * d["num_hidden_layers"],
     }
 
@@ -518,18 +719,24 @@ def train_loop(name, params, step_fn, hp, device, S, eval_fn=None):
             rate = (step - windows[step]) / (time.time() - t_cal[windows[step]])
             elapsed = time.time() - t_start
             eta = (total - step) / rate
-            log(f"{name}: {rate:.2f} steps/s over steps {windows[step]}..{step}; ETA {eta:.0f}s for {total} "
-                f"steps (box {box:.0f}s)")
+            log(
+                f"{name}: {rate:.2f} steps/s over steps {windows[step]}..{step}; ETA {eta:.0f}s for {total} "
+                f"steps (box {box:.0f}s)"
+            )
             if elapsed + eta > box:
                 new_total = max(step + 1, int(step + (box - elapsed) * rate * 0.95))
-                log(f"{name}: WARNING shrinking steps {total} -> {new_total} to fit the {box:.0f}s box")
+                log(
+                    f"{name}: WARNING shrinking steps {total} -> {new_total} to fit the {box:.0f}s box"
+                )
                 total, rec["shrunk"] = new_total, True
         if step % S["log_every"] == 0 or step == total:
             vals = {k: (v / n_acc).item() for k, v in acc.items()}
             acc, n_acc = {}, 0
             el = time.time() - t_start
             msg = " ".join(f"{k} {v:.4f}" for k, v in vals.items())
-            log(f"{name} step {step}/{total} lr {lr_at(step - 1):.2e} {msg} ({el:.0f}s, {step / el:.2f} it/s)")
+            log(
+                f"{name} step {step}/{total} lr {lr_at(step - 1):.2e} {msg} ({el:.0f}s, {step / el:.2f} it/s)"
+            )
             rec["log"].append(dict(step=step, **{k: round(v, 5) for k, v in vals.items()}))
             if el > 1.1 * box and step < total:
                 log(f"{name}: WARNING past 1.1x the time box; stopping at step {step}")
@@ -537,7 +744,9 @@ def train_loop(name, params, step_fn, hp, device, S, eval_fn=None):
                 break
         if eval_fn is not None and step % S["eval_every"] == 0 and step < total:
             log(f"{name} eval @ {step}: {eval_fn()}")
-    rec.update(steps_run=step, steps_final_schedule=total, train_seconds=round(time.time() - t_start, 1))
+    rec.update(
+        steps_run=step, steps_final_schedule=total, train_seconds=round(time.time() - t_start, 1)
+    )
     rec["final"] = rec["log"][-1] if rec["log"] else {}
     return rec
 
@@ -559,7 +768,7 @@ def eval_lm(model, data, S, device):
         tot = 0.0
         for i in range(0, x.shape[0], 8):
             with autocast(device):
-                tot += lm_loss(model, x[i:i + 8]).item()
+                tot += lm_loss(model, x[i : i + 8]).item()
         out[name] = round(tot / (x.shape[0] / 8), 4)
     model.train()
     return out
@@ -576,8 +785,12 @@ def save_target(model, path, out, extra_cfg):
     c["dtype"] = c["torch_dtype"] = "bfloat16"
     with open(cpath, "w") as fh:
         json.dump(c, fh, indent=2)
-    gen = {"bos_token_id": c.get("bos_token_id"), "eos_token_id": [c["eos_token_id"], c["pad_token_id"]],
-           "pad_token_id": c["pad_token_id"], "do_sample": False}
+    gen = {
+        "bos_token_id": c.get("bos_token_id"),
+        "eos_token_id": [c["eos_token_id"], c["pad_token_id"]],
+        "pad_token_id": c["pad_token_id"],
+        "do_sample": False,
+    }
     with open(os.path.join(path, "generation_config.json"), "w") as fh:
         json.dump(gen, fh, indent=2)
     copy_tokenizer(out, path)
@@ -589,8 +802,10 @@ def run_target(kind, S, ids, vocab, data, device, out, seed, hp):
     model = build_target(kind, cfg).to(device)
     model.train()
     n = sum(p.numel() for p in model.parameters())
-    log(f"{kind}: {type(model).__name__} {n / 1e6:.2f}M params (tied), layer_types "
-        f"{getattr(cfg, 'layer_types', None)}")
+    log(
+        f"{kind}: {type(model).__name__} {n / 1e6:.2f}M params (tied), layer_types "
+        f"{getattr(cfg, 'layer_types', None)}"
+    )
     gen = torch.Generator().manual_seed(seed)
     T = S["seq_len"]
 
@@ -599,8 +814,15 @@ def run_target(kind, S, ids, vocab, data, device, out, seed, hp):
         with autocast(device):
             return lm_loss(model, x), {}
 
-    rec = train_loop(kind, list(model.named_parameters()), step_fn, hp, device, S,
-                     eval_fn=lambda: eval_lm(model, data, S, device))
+    rec = train_loop(
+        kind,
+        list(model.named_parameters()),
+        step_fn,
+        hp,
+        device,
+        S,
+        eval_fn=lambda: eval_lm(model, data, S, device),
+    )
     rec["eval"] = eval_lm(model, data, S, device)
     log(f"{kind}: final eval (CE nats/token) {rec['eval']}")
     path = os.path.join(out, kind)
@@ -608,7 +830,9 @@ def run_target(kind, S, ids, vocab, data, device, out, seed, hp):
     if kind == "hybrid":
         # SGLang derives layer types from full_attention_interval; Qwen3.5 checkpoints declare
         # their (single) MTP layer here. mtp.* weights are added by the mtp stage.
-        extra.update(full_attention_interval=4, mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False)
+        extra.update(
+            full_attention_interval=4, mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False
+        )
     save_target(model, path, out, extra)
     rec.update(params=n, hp=hp, config=json.load(open(os.path.join(path, "config.json"))))
     return rec
@@ -633,7 +857,9 @@ def dflash_batch(drafter, target, x, anchors, B, gen, mask_id, lo=1):
         tlog = o.logits
     ctx = drafter.project_context(feats)  # [bs, T, H]
     # anchors a in [lo, T-B] (lo >= 1: context non-empty), labels a+1..a+B-1 inside the window
-    a = torch.rand(bs, T - B - lo + 1, generator=gen).argsort(dim=1)[:, :anchors] + lo  # [bs, m], unique per row
+    a = (
+        torch.rand(bs, T - B - lo + 1, generator=gen).argsort(dim=1)[:, :anchors] + lo
+    )  # [bs, m], unique per row
     a = a.to(dev)
     m = a.shape[1]
     ar = torch.arange(B, device=dev)
@@ -642,7 +868,7 @@ def dflash_batch(drafter, target, x, anchors, B, gen, mask_id, lo=1):
     qids[:, :, 0] = x.gather(1, a)
     qids = qids.reshape(bs, m * B)
     ctx_pos = torch.arange(T, device=dev)[None].expand(bs, T)
-    see_ctx = (torch.arange(T, device=dev)[None, None, None, :] < a[:, :, None, None])  # [bs,m,1,T]
+    see_ctx = torch.arange(T, device=dev)[None, None, None, :] < a[:, :, None, None]  # [bs,m,1,T]
     see_ctx = see_ctx.expand(bs, m, B, T).reshape(bs, m * B, T)
     blk = torch.arange(m, device=dev).repeat_interleave(B)
     see_blk = (blk[:, None] == blk[None, :])[None].expand(bs, -1, -1)
@@ -651,7 +877,9 @@ def dflash_batch(drafter, target, x, anchors, B, gen, mask_id, lo=1):
     hidden = hidden.view(bs, m, B, -1)[:, :, 1:]
     dlog = drafter.logits(hidden)  # [bs, m, B-1, V]
     lab_pos = (a[:, :, None] + ar[1:]).reshape(bs, -1)  # positions a+1..a+B-1
-    tl = tlog.gather(1, (lab_pos - 1)[:, :, None].expand(-1, -1, tlog.shape[-1])).view(bs, m, B - 1, -1)
+    tl = tlog.gather(1, (lab_pos - 1)[:, :, None].expand(-1, -1, tlog.shape[-1])).view(
+        bs, m, B - 1, -1
+    )
     data_lab = x.gather(1, lab_pos).view(bs, m, B - 1)
     return dlog, tl, data_lab
 
@@ -661,8 +889,12 @@ def dflash_stats(dlog, tl, data_lab, weights, mode):
     loss = (ce * weights).sum(-1).mean() / weights.sum()
     hit = (dlog.argmax(-1) == tl.argmax(-1)).float()  # agreement with the target's greedy token
     tau = 1 + hit.cumprod(-1).sum(-1).mean()  # teacher-forced greedy acceptance length
-    return loss, {"acc1": hit[..., 0].mean(), "acc_all": hit.mean(), "tau_tf": tau,
-                  "data_acc1": (dlog[..., 0, :].argmax(-1) == data_lab[..., 0]).float().mean()}
+    return loss, {
+        "acc1": hit[..., 0].mean(),
+        "acc_all": hit.mean(),
+        "tau_tf": tau,
+        "data_acc1": (dlog[..., 0, :].argmax(-1) == data_lab[..., 0]).float().mean(),
+    }
 
 
 @torch.no_grad()
@@ -697,8 +929,10 @@ def run_dflash(kind, S, ids, vocab, data, device, out, seed, hp, args, tok_hf):
     B = cfg["block_size"]
     gamma = 7.0 if B >= 16 else 4.0
     weights = torch.exp(-torch.arange(B - 1, device=device, dtype=torch.float32) / gamma)
-    log(f"{kind}-dflash: {n / 1e6:.2f}M params, block {B}, gamma {gamma}, target_layer_ids {layer_ids}, "
-        f"{hp['anchors']} anchors/seq, distill {args.distill}")
+    log(
+        f"{kind}-dflash: {n / 1e6:.2f}M params, block {B}, gamma {gamma}, target_layer_ids {layer_ids}, "
+        f"{hp['anchors']} anchors/seq, distill {args.distill}"
+    )
     gen = torch.Generator().manual_seed(seed)
     T = S["seq_len"]
     # Self-generated share: a fraction ``gen_frac`` of the batches are corpus prefixes continued by
@@ -707,21 +941,36 @@ def run_dflash(kind, S, ids, vocab, data, device, out, seed, hp, args, tok_hf):
     sg = {}
     if hp["gen_frac"] > 0:
         t = time.time()
-        sg["train"] = self_generated(target, data, data.train, hp["gen_seqs"], P, hp["gen_new"], gen)
-        sg["heldout"] = self_generated(target, data, data.held, S["eval_batches"] * 8, P, hp["gen_new"],
-                                       torch.Generator().manual_seed(4321))
-        log(f"{kind}-dflash: self-generated {sg['train'].shape[0]} x ({P} corpus + {hp['gen_new']} greedy) "
+        sg["train"] = self_generated(
+            target, data, data.train, hp["gen_seqs"], P, hp["gen_new"], gen
+        )
+        sg["heldout"] = self_generated(
+            target,
+            data,
+            data.held,
+            S["eval_batches"] * 8,
+            P,
+            hp["gen_new"],
+            torch.Generator().manual_seed(4321),
+        )
+        log(
+            f"{kind}-dflash: self-generated {sg['train'].shape[0]} x ({P} corpus + {hp['gen_new']} greedy) "
             f"training windows in {time.time() - t:.0f}s; sample: "
-            f"{tok_hf.decode(sg['train'][0, P - 24:P + 40].tolist())!r}")
+            f"{tok_hf.decode(sg['train'][0, P - 24 : P + 40].tolist())!r}"
+        )
 
     def step_fn(step):
         if sg and torch.rand((), generator=gen).item() < hp["gen_frac"]:
-            x = sg["train"][torch.randint(0, sg["train"].shape[0], (hp["bs"],), generator=gen).to(device)]
+            x = sg["train"][
+                torch.randint(0, sg["train"].shape[0], (hp["bs"],), generator=gen).to(device)
+            ]
             lo = P
         else:
             x, lo = data.windows(data.train, hp["bs"], T, gen), 1
         with autocast(device):
-            dlog, tl, dl = dflash_batch(drafter, target, x, hp["anchors"], B, gen, ids["<|MASK|>"], lo)
+            dlog, tl, dl = dflash_batch(
+                drafter, target, x, hp["anchors"], B, gen, ids["<|MASK|>"], lo
+            )
             return dflash_stats(dlog, tl, dl, weights, args.distill)
 
     @torch.no_grad()
@@ -729,27 +978,37 @@ def run_dflash(kind, S, ids, vocab, data, device, out, seed, hp, args, tok_hf):
         drafter.eval()
         res = {}
         g = torch.Generator().manual_seed(1234)
-        sets = [("val", data.eval_windows(data.val, S["eval_batches"] * 8, T), 1),
-                ("heldout", data.eval_windows(data.held, S["eval_batches"] * 8, T), 1)]
+        sets = [
+            ("val", data.eval_windows(data.val, S["eval_batches"] * 8, T), 1),
+            ("heldout", data.eval_windows(data.held, S["eval_batches"] * 8, T), 1),
+        ]
         if sg:
             sets.append(("heldout_generated", sg["heldout"], P))
         for name, x, lo in sets:
             st = {}
             for i in range(0, x.shape[0], 8):
                 with autocast(device):
-                    dlog, tl, dl = dflash_batch(drafter, target, x[i:i + 8], hp["anchors"], B, g, ids["<|MASK|>"], lo)
+                    dlog, tl, dl = dflash_batch(
+                        drafter, target, x[i : i + 8], hp["anchors"], B, g, ids["<|MASK|>"], lo
+                    )
                     loss, m = dflash_stats(dlog, tl, dl, weights, args.distill)
                     hit = (dlog.argmax(-1) == tl.argmax(-1)).float().mean((0, 1))
                 for k, v in dict(m, loss=loss, hit=hit).items():
                     st[k] = st.get(k, 0) + v.float() / (x.shape[0] / 8)
-            res[name] = {k: (round(v.item(), 4) if v.numel() == 1 else [round(t, 3) for t in v.tolist()])
-                         for k, v in st.items()}
+            res[name] = {
+                k: (round(v.item(), 4) if v.numel() == 1 else [round(t, 3) for t in v.tolist()])
+                for k, v in st.items()
+            }
         drafter.train()
         return res
 
-    rec = train_loop(f"{kind}-dflash", list(drafter.named_parameters()), step_fn, hp, device, S, eval_fn=eval_fn)
+    rec = train_loop(
+        f"{kind}-dflash", list(drafter.named_parameters()), step_fn, hp, device, S, eval_fn=eval_fn
+    )
     rec["eval"] = eval_fn()
-    log(f"{kind}-dflash: final eval (hit = per-position greedy agreement k=1..{B - 1}) {rec['eval']}")
+    log(
+        f"{kind}-dflash: final eval (hit = per-position greedy agreement k=1..{B - 1}) {rec['eval']}"
+    )
     path = os.path.join(out, f"{kind}-dflash")
     if os.path.isdir(path):
         shutil.rmtree(path)
@@ -769,15 +1028,19 @@ def run_mtp(S, ids, vocab, data, device, out, seed, hp, args):
     mtp = Qwen35MTP(target.config)
     # warm start: the decoder layer and final norm from the target's last (full-attention) layer
     last = target.model.layers[-1]
-    assert target.config.layer_types[-1] == "full_attention", "the hybrid's last layer must be full attention"
+    assert target.config.layer_types[-1] == "full_attention", (
+        "the hybrid's last layer must be full attention"
+    )
     mtp.layers[0].load_state_dict({k: v.float() for k, v in last.state_dict().items()})
     mtp.norm.load_state_dict({k: v.float() for k, v in target.model.norm.state_dict().items()})
     mtp = mtp.to(device=device, dtype=torch.float32)
     check_causal(mtp, target.config.hidden_size, device)
     mtp.train()
     n = sum(p.numel() for p in mtp.parameters())
-    log(f"mtp: {n / 1e6:.2f}M params (1 full-attention layer, warm-started from target layer "
-        f"{len(target.model.layers) - 1}), distill {args.distill}")
+    log(
+        f"mtp: {n / 1e6:.2f}M params (1 full-attention layer, warm-started from target layer "
+        f"{len(target.model.layers) - 1}), distill {args.distill}"
+    )
     gen = torch.Generator().manual_seed(seed)
     T = S["seq_len"]
 
@@ -808,7 +1071,7 @@ def run_mtp(S, ids, vocab, data, device, out, seed, hp, args):
             st = {}
             for i in range(0, x.shape[0], 8):
                 with autocast(device):
-                    loss, m = stats(x[i:i + 8])
+                    loss, m = stats(x[i : i + 8])
                 for k, v in dict(m, loss=loss).items():
                     st[k] = st.get(k, 0) + v.item() / (x.shape[0] / 8)
             res[name] = {k: round(v, 4) for k, v in st.items()}
@@ -826,8 +1089,9 @@ def run_mtp(S, ids, vocab, data, device, out, seed, hp, args):
             continue
         sd["mtp." + k] = v.detach().to(torch.bfloat16).cpu().contiguous()
     save_file(sd, st_path, metadata={"format": "pt"})
-    rec.update(params=n, hp=hp, distill=args.distill,
-               keys=sorted(k for k in sd if k.startswith("mtp.")))
+    rec.update(
+        params=n, hp=hp, distill=args.distill, keys=sorted(k for k in sd if k.startswith("mtp."))
+    )
     return rec
 
 
@@ -835,20 +1099,35 @@ def run_mtp(S, ids, vocab, data, device, out, seed, hp, args):
 # Checks
 # ----------------------------------------------------------------------------------------------
 SGLANG_MTP_PARAMS = {  # Qwen3_5ForCausalLMMTP.named_parameters() for a dense 1-layer head
-    "fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "model.norm.weight",
-    "model.layers.0.qkv_proj.weight", "model.layers.0.o_proj.weight", "model.layers.0.q_norm.weight",
-    "model.layers.0.k_norm.weight", "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight",
-    "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+    "fc.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    "model.norm.weight",
+    "model.layers.0.qkv_proj.weight",
+    "model.layers.0.o_proj.weight",
+    "model.layers.0.q_norm.weight",
+    "model.layers.0.k_norm.weight",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.post_attention_layernorm.weight",
 }
 
 
 def sglang_mtp_name(name):
     """The destination parameter of checkpoint key ``name`` in SGLang 0.5.23
     Qwen3_5ForCausalLMMTP.load_weights (dense, non-expert path), mirrored string for string."""
-    name = name.replace("mtp.", "model.").replace("model.fc", "fc").replace("model.pre_fc", "pre_fc")
+    name = (
+        name.replace("mtp.", "model.").replace("model.fc", "fc").replace("model.pre_fc", "pre_fc")
+    )
     name = name.replace(".self_attn", "")
-    for param, shard in (("qkv_proj", "q_proj"), ("qkv_proj", "k_proj"), ("qkv_proj", "v_proj"),
-                         ("gate_up_proj", "gate_proj"), ("gate_up_proj", "up_proj")):
+    for param, shard in (
+        ("qkv_proj", "q_proj"),
+        ("qkv_proj", "k_proj"),
+        ("qkv_proj", "v_proj"),
+        ("gate_up_proj", "gate_proj"),
+        ("gate_up_proj", "up_proj"),
+    ):
         if shard in name:
             return name.replace(shard, param)
     return name
@@ -862,13 +1141,20 @@ def check_outputs(out, device, args):
     tdir = os.path.join(out, "tokenizer")
     if os.path.isdir(tdir):
         tok = AutoTokenizer.from_pretrained(tdir)
-        text = tok.apply_chat_template([{"role": "user", "content": "def f(x):\n    return x"}],
-                                       tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": "def f(x):\n    return x"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         ids = tok(text)["input_ids"]
         assert tok.decode(ids) == text, "tokenizer round trip"
         assert tok.convert_tokens_to_ids("<|MASK|>") == tok.get_vocab()["<|MASK|>"]
-        results["tokenizer"] = {"class": type(tok).__name__, "len": len(tok), "eos": tok.eos_token_id,
-                                "mask_id": tok.convert_tokens_to_ids("<|MASK|>")}
+        results["tokenizer"] = {
+            "class": type(tok).__name__,
+            "len": len(tok),
+            "eos": tok.eos_token_id,
+            "mask_id": tok.convert_tokens_to_ids("<|MASK|>"),
+        }
         log(f"check tokenizer: {results['tokenizer']}")
     for kind in ("hybrid", "qwen3"):
         path = os.path.join(out, kind)
@@ -877,13 +1163,19 @@ def check_outputs(out, device, args):
         tok = AutoTokenizer.from_pretrained(path)
         m, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
         assert not info["missing_keys"], f"{kind}: missing keys {info['missing_keys']}"
-        assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr(), f"{kind}: lm_head not tied"
+        assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr(), (
+            f"{kind}: lm_head not tied"
+        )
         with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
             keys = list(f.keys())
             dtypes = {str(f.get_slice(k).get_dtype()) for k in keys}
         mtp_keys = sorted(k for k in keys if k.startswith("mtp."))
-        r = {"class": type(m).__name__, "unexpected_reported": sorted(info["unexpected_keys"]),
-             "safetensors_dtypes": sorted(dtypes), "mtp_keys": len(mtp_keys)}
+        r = {
+            "class": type(m).__name__,
+            "unexpected_reported": sorted(info["unexpected_keys"]),
+            "safetensors_dtypes": sorted(dtypes),
+            "mtp_keys": len(mtp_keys),
+        }
         x = torch.tensor([tok("def add(a, b):\n    return")["input_ids"]])
         with torch.no_grad():
             lg = m(input_ids=x).logits.float()
@@ -891,7 +1183,9 @@ def check_outputs(out, device, args):
         r["greedy_next"] = tok.decode(lg[0, -1].argmax().item())
         if mtp_keys:
             dest = {sglang_mtp_name(k) for k in mtp_keys}
-            assert dest == SGLANG_MTP_PARAMS, f"mtp keys map to {sorted(dest ^ SGLANG_MTP_PARAMS)} in SGLang"
+            assert dest == SGLANG_MTP_PARAMS, (
+                f"mtp keys map to {sorted(dest ^ SGLANG_MTP_PARAMS)} in SGLang"
+            )
             mtp = Qwen35MTP(m.config)
             with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
                 sd = {k[4:]: f.get_tensor(k).float() for k in mtp_keys}
@@ -899,7 +1193,9 @@ def check_outputs(out, device, args):
             with torch.no_grad():
                 m.float()
                 mlog, tlog = mtp_forward(mtp, m, x)
-            r["mtp_reload"] = "ok (strict; SGLang name mapping covers every Qwen3_5ForCausalLMMTP param)"
+            r["mtp_reload"] = (
+                "ok (strict; SGLang name mapping covers every Qwen3_5ForCausalLMMTP param)"
+            )
         results[kind] = r
         log(f"check {kind}: {r}")
         dpath = os.path.join(out, f"{kind}-dflash")
@@ -919,8 +1215,12 @@ def check_outputs(out, device, args):
                 q[0, 0] = o.logits[0, -1].argmax()
                 h = d(q, torch.arange(n, n + B)[None], ctx, torch.arange(n)[None])
                 draft = d.logits(h[:, 1:]).argmax(-1)[0].tolist()
-            rd = {"params": sum(p.numel() for p in d.parameters()), "safetensors_dtypes": sorted(ddt),
-                  "block_size": B, "draft": tok.decode([q[0, 0].item()] + draft)}
+            rd = {
+                "params": sum(p.numel() for p in d.parameters()),
+                "safetensors_dtypes": sorted(ddt),
+                "block_size": B,
+                "draft": tok.decode([q[0, 0].item()] + draft),
+            }
             results[f"{kind}-dflash"] = rd
             log(f"check {kind}-dflash: {rd}")
     total = 0
@@ -940,9 +1240,16 @@ def versions():
     import tokenizers
     import transformers
 
-    v = {"python": sys.version.split()[0], "python_full": sys.version, "platform": platform.platform(),
-         "torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-         "stdlib": stdlib_root(), "cuda": torch.version.cuda}
+    v = {
+        "python": sys.version.split()[0],
+        "python_full": sys.version,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "stdlib": stdlib_root(),
+        "cuda": torch.version.cuda,
+    }
     if torch.cuda.is_available():
         v["gpu"] = torch.cuda.get_device_name(0)
     # transformers binds Qwen3.5's GDN / conv to these packages when importable, else to its
@@ -978,39 +1285,68 @@ def apply_override(S: dict, item: str) -> None:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
-        raise SystemExit(f"--set {item!r}: {raw!r} is not JSON (numbers, [lists], \"strings\")") from None
+        raise SystemExit(
+            f'--set {item!r}: {raw!r} is not JSON (numbers, [lists], "strings")'
+        ) from None
     node, keys = S, path.split(".")
     for i, k in enumerate(keys):
         if not isinstance(node, dict) or k not in node:
             valid = sorted(node) if isinstance(node, dict) else []
-            raise SystemExit(f"--set {item!r}: no setting {'.'.join(keys[:i + 1])!r}; valid here: {valid}")
+            raise SystemExit(
+                f"--set {item!r}: no setting {'.'.join(keys[: i + 1])!r}; valid here: {valid}"
+            )
         if i == len(keys) - 1:
             node[k] = value
         node = node[k]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True)
-    ap.add_argument("--stage", default="all", help="'+'-joined components or 'all': " + ", ".join(COMPONENTS))
+    ap.add_argument(
+        "--stage", default="all", help="'+'-joined components or 'all': " + ", ".join(COMPONENTS)
+    )
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    ap.add_argument("--tiny", action="store_true", help="tiny sizes, a few steps, corpus subset (smoke test)")
+    ap.add_argument(
+        "--tiny", action="store_true", help="tiny sizes, a few steps, corpus subset (smoke test)"
+    )
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--time-budget-s", type=float, default=None,
-                    help="scale the time boxes of this invocation's trainings to fit this many seconds")
-    ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every step count (and time box)")
+    ap.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="scale the time boxes of this invocation's trainings to fit this many seconds",
+    )
+    ap.add_argument(
+        "--steps-scale", type=float, default=1.0, help="multiply every step count (and time box)"
+    )
     ap.add_argument("--bs", type=int, default=None, help="override every batch size (debugging)")
-    ap.add_argument("--set", action="append", default=[], metavar="PATH=JSON",
-                    help="override one size or hyper-parameter, e.g. drafter.num_hidden_layers=2, "
-                         "hybrid_layer_ids=[2,4,6], train.hybrid-dflash.lr=3e-3 (recorded in train_config.json)")
-    ap.add_argument("--seq-len", type=int, default=None, help="override the sequence length (debugging)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=JSON",
+        help="override one size or hyper-parameter, e.g. drafter.num_hidden_layers=2, "
+        "hybrid_layer_ids=[2,4,6], train.hybrid-dflash.lr=3e-3 (recorded in train_config.json)",
+    )
+    ap.add_argument(
+        "--seq-len", type=int, default=None, help="override the sequence length (debugging)"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--distill", choices=["soft", "hard"], default="soft")
-    ap.add_argument("--drafter-impl", default="sglang_spec.dflash:DFlashDrafter", help="module:Class")
-    ap.add_argument("--gdn-kernels", choices=["torch", "auto"], default="torch",
-                    help="torch (default): transformers' reference PyTorch GDN/conv paths even if "
-                         "flash-linear-attention / causal-conv1d are installed (no Triton JIT, no version "
-                         "risk); auto: let transformers pick them up")
+    ap.add_argument(
+        "--drafter-impl", default="sglang_spec.dflash:DFlashDrafter", help="module:Class"
+    )
+    ap.add_argument(
+        "--gdn-kernels",
+        choices=["torch", "auto"],
+        default="torch",
+        help="torch (default): transformers' reference PyTorch GDN/conv paths even if "
+        "flash-linear-attention / causal-conv1d are installed (no Triton JIT, no version "
+        "risk); auto: let transformers pick them up",
+    )
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
 
@@ -1053,10 +1389,30 @@ def main(argv=None):
     cfg_path = os.path.join(args.out, "train_config.json")
     record = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
     record.setdefault("stages", {})
-    record.update(script="tools/train_tiny_pair.py", script_version=SCRIPT_VERSION, seed=args.seed,
-                  mode="tiny" if args.tiny else "full", heldout_modules=HELDOUT_MODULES, exclude_dirs=EXCLUDE_DIRS,
-                  val_every=VAL_EVERY, gdn_kernels=args.gdn_kernels, distill=args.distill, sizes={k: S[k] for k in ("vocab", "seq_len", "hybrid", "qwen3", "drafter",
-                                                                  "hybrid_layer_ids", "qwen3_layer_ids", "block_size")})
+    record.update(
+        script="tools/train_tiny_pair.py",
+        script_version=SCRIPT_VERSION,
+        seed=args.seed,
+        mode="tiny" if args.tiny else "full",
+        heldout_modules=HELDOUT_MODULES,
+        exclude_dirs=EXCLUDE_DIRS,
+        val_every=VAL_EVERY,
+        gdn_kernels=args.gdn_kernels,
+        distill=args.distill,
+        sizes={
+            k: S[k]
+            for k in (
+                "vocab",
+                "seq_len",
+                "hybrid",
+                "qwen3",
+                "drafter",
+                "hybrid_layer_ids",
+                "qwen3_layer_ids",
+                "block_size",
+            )
+        },
+    )
     ver = versions()
     log(f"stages {stages} on {device}; {ver}")
     files = corpus_files(S["tok_max_bytes"])
@@ -1065,8 +1421,11 @@ def main(argv=None):
         t = time.time()
         texts = [read(p) for p in files[0] + files[1]]
         info = train_tokenizer(os.path.join(args.out, "tokenizer"), texts, S["vocab"])
-        info.update(files=len(texts), bytes=sum(len(s.encode("utf-8")) for s in texts),
-                    seconds=round(time.time() - t, 1))
+        info.update(
+            files=len(texts),
+            bytes=sum(len(s.encode("utf-8")) for s in texts),
+            seconds=round(time.time() - t, 1),
+        )
         log(f"tokenizer: {info}")
         tok, ids = load_tokenizer(args.out)
         prompts = heldout_prompts(files[2], tok)
@@ -1083,8 +1442,13 @@ def main(argv=None):
         tok_hf = AutoTokenizer.from_pretrained(os.path.join(args.out, "tokenizer"))
         vocab = tok.get_vocab_size()
         data = Data(tok, ids, files, device, S["seq_len"])
-        corpus = {"train_tokens": data.train.numel(), "val_tokens": data.val.numel(),
-                  "heldout_tokens": data.held.numel(), "train_files": len(files[0]), "val_files": len(files[1])}
+        corpus = {
+            "train_tokens": data.train.numel(),
+            "val_tokens": data.val.numel(),
+            "heldout_tokens": data.held.numel(),
+            "train_files": len(files[0]),
+            "val_files": len(files[1]),
+        }
         seeds = {c: args.seed + 1000 * (i + 1) for i, c in enumerate(COMPONENTS)}
         for c in train_stages:
             hp = S["train"][c]
@@ -1095,14 +1459,35 @@ def main(argv=None):
             elif c == "mtp":
                 rec = run_mtp(S, ids, vocab, data, device, args.out, seeds[c], hp, args)
             else:
-                rec = run_dflash(c.split("-")[0], S, ids, vocab, data, device, args.out, seeds[c], hp, args, tok_hf)
-            rec.update(seed=seeds[c], corpus=corpus, versions=ver, seconds=round(time.time() - t, 1),
-                       argv=sys.argv[1:] if argv is None else argv)
+                rec = run_dflash(
+                    c.split("-")[0],
+                    S,
+                    ids,
+                    vocab,
+                    data,
+                    device,
+                    args.out,
+                    seeds[c],
+                    hp,
+                    args,
+                    tok_hf,
+                )
+            rec.update(
+                seed=seeds[c],
+                corpus=corpus,
+                versions=ver,
+                seconds=round(time.time() - t, 1),
+                argv=sys.argv[1:] if argv is None else argv,
+            )
             if c == "hybrid":  # a retrained hybrid invalidates its MTP head and drafter
                 for dep in ("mtp", "hybrid-dflash"):
                     if dep in record["stages"] and dep not in train_stages:
                         record["stages"][dep]["stale"] = True
-            if c == "qwen3" and "qwen3-dflash" in record["stages"] and "qwen3-dflash" not in train_stages:
+            if (
+                c == "qwen3"
+                and "qwen3-dflash" in record["stages"]
+                and "qwen3-dflash" not in train_stages
+            ):
                 record["stages"]["qwen3-dflash"]["stale"] = True
             record["stages"][c] = rec
             with open(cfg_path, "w") as fh:

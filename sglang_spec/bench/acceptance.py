@@ -20,8 +20,13 @@ from sglang_spec.demo import FIXTURES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", default="hybrid,qwen3")
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128])
-    p.add_argument("--tree-temperatures", type=float, nargs="+", default=[1.0],
-                   help="DDTREE tree temperatures to try (sglang_spec.tree.draft_topk; 1 = the drafter's own)")
+    p.add_argument(
+        "--tree-temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="DDTREE tree temperatures to try (sglang_spec.tree.draft_topk; 1 = the drafter's own)",
+    )
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--fixtures", default=str(FIXTURES))
@@ -39,7 +44,8 @@ def run(args) -> int:
         tokenizer, target, drafter = demo.load_pair(pair, args.fixtures)
         prompts = demo.heldout_prompts(args.num_prompts, args.fixtures)
         runs = [("ar", 0, 1.0), ("dflash", 0, 1.0)] + [
-            ("ddtree", b, tau) for tau in args.tree_temperatures for b in args.budgets]
+            ("ddtree", b, tau) for tau in args.tree_temperatures for b in args.budgets
+        ]
         ar_tokens = []
         for method, budget, tau in runs:
             t0 = time.perf_counter()
@@ -47,8 +53,15 @@ def run(args) -> int:
             same = 0
             for i, prompt in enumerate(prompts):
                 ids = tokenizer(prompt, return_tensors="pt").input_ids
-                res = generate(target, drafter, ids, method, budget=budget, tree_temperature=tau,
-                               max_new_tokens=args.max_new_tokens)
+                res = generate(
+                    target,
+                    drafter,
+                    ids,
+                    method,
+                    budget=budget,
+                    tree_temperature=tau,
+                    max_new_tokens=args.max_new_tokens,
+                )
                 emitted += sum(s.emitted for s in res.steps)
                 steps += len(res.steps)
                 accepted += sum(s.accepted for s in res.steps)
@@ -58,12 +71,25 @@ def run(args) -> int:
             label = method
             if method == "ddtree":
                 label = f"ddtree({budget})" if tau == 1.0 else f"ddtree({budget}, tree T={tau:g})"
-            row = (pair, label, emitted / steps, accepted / steps, f"{same}/{len(prompts)}", time.perf_counter() - t0)
+            row = (
+                pair,
+                label,
+                emitted / steps,
+                accepted / steps,
+                f"{same}/{len(prompts)}",
+                time.perf_counter() - t0,
+            )
             rows.append(row)
-            print(f"{pair} {label}: {row[2]:.3f} tokens/step, identical {row[4]}, {row[5]:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"{pair} {label}: {row[2]:.3f} tokens/step, identical {row[4]}, {row[5]:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     dflash = {r[0]: r[2] for r in rows if r[1] == "dflash"}
-    print(f"# Tokens per verify step, reference engine, greedy, {args.num_prompts} held-out prompts x "
-          f"{args.max_new_tokens} new tokens (python -m sglang_spec.bench.acceptance)")
+    print(
+        f"# Tokens per verify step, reference engine, greedy, {args.num_prompts} held-out prompts x "
+        f"{args.max_new_tokens} new tokens (python -m sglang_spec.bench.acceptance)"
+    )
     print("| pair | method | tokens/step | accepted drafts/step | vs DFLASH | identical to AR |")
     print("|---|---|---|---|---|---|")
     for pair, label, tps, acc, same, _ in rows:
@@ -72,7 +98,9 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_spec.bench.acceptance", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_spec.bench.acceptance", description=__doc__.splitlines()[0]
+    )
     add_arguments(p)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

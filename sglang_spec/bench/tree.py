@@ -36,7 +36,10 @@ def _timer(device: torch.device):
             torch.cuda.synchronize()
             times = []
             for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 end.record()
@@ -64,7 +67,9 @@ def _targets_following_tree(tree, vocab: int, gen: torch.Generator) -> torch.Ten
     tgt = torch.randint(0, vocab, (bs, N), generator=gen, device="cpu").to(tree.tokens.device)
     first, _ = _child_links(tree.parents)
     child_tok = tree.tokens.gather(1, first.clamp(min=0))
-    follow = (torch.rand(bs, N, generator=gen, device="cpu") < 0.7).to(tree.tokens.device) & (first >= 0)
+    follow = (torch.rand(bs, N, generator=gen, device="cpu") < 0.7).to(tree.tokens.device) & (
+        first >= 0
+    )
     return torch.where(follow, child_tok, tgt)
 
 
@@ -72,7 +77,9 @@ def check(logits, budget, seq_lens, gen) -> None:
     """Our tree/walk agree with the reference port (and, on CUDA, Triton with torch)."""
     bs, L, V = logits.shape
     logq, ids = draft_topk(logits, min(budget, V))
-    tree = build_ddtree_from_topk(logq, ids, budget, torch.zeros(bs, dtype=torch.long, device=logits.device))
+    tree = build_ddtree_from_topk(
+        logq, ids, budget, torch.zeros(bs, dtype=torch.long, device=logits.device)
+    )
     ref = reference_build(logits, budget)
     for b in range(bs):
         ours = sorted(tree.scores[b, : int(tree.num_nodes[b])].tolist())
@@ -80,7 +87,10 @@ def check(logits, budget, seq_lens, gen) -> None:
         if len(ours) != len(theirs) or max(abs(x - y) for x, y in zip(ours, theirs)) > 1e-4:
             raise AssertionError(f"request {b}: tree scores differ from the reference port")
         n = int(tree.num_nodes[b])
-        if not torch.equal(ancestor_mask(tree)[b, :n, :n].cpu(), ref[b]["mask"].cpu()) and ours == theirs:
+        if (
+            not torch.equal(ancestor_mask(tree)[b, :n, :n].cpu(), ref[b]["mask"].cpu())
+            and ours == theirs
+        ):
             # Same score multiset but different order is legal only under exact ties.
             if len(set(ours)) == len(ours):
                 raise AssertionError(f"request {b}: ancestor mask differs from the reference port")
@@ -88,7 +98,11 @@ def check(logits, budget, seq_lens, gen) -> None:
     walk = walk_greedy(tree, tgt)
     if logits.is_cuda:
         cpu_sel = _select_torch(logq, budget)
-        if not all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(cpu_sel, (tree.depths, None, tree.parents, tree.scores, tree.num_nodes)) if b is not None):
+        if not all(
+            torch.equal(a.cpu(), b.cpu())
+            for a, b in zip(cpu_sel, (tree.depths, None, tree.parents, tree.scores, tree.num_nodes))
+            if b is not None
+        ):
             raise AssertionError("Triton selection differs from the torch selection")
         w2 = _walk_torch(tree, tgt)
         if not (torch.equal(w2.accepted, walk.accepted) and torch.equal(w2.bonus, walk.bonus)):
@@ -98,7 +112,9 @@ def check(logits, budget, seq_lens, gen) -> None:
         for b, (path, bonus) in enumerate(ref_walk):
             got = [i for i in walk.accepted[b].tolist() if i >= 0]
             if got != path or int(walk.bonus[b]) != bonus:
-                raise AssertionError(f"request {b}: walk {got}/{int(walk.bonus[b])} != reference {path}/{bonus}")
+                raise AssertionError(
+                    f"request {b}: walk {got}/{int(walk.bonus[b])} != reference {path}/{bonus}"
+                )
     sglang_tree_abi(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
 
 
@@ -120,7 +136,9 @@ def _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats
 
 
 def _same_order(tree, ref) -> bool:
-    return all(tree.parents[b, : len(r["parents"])].tolist() == r["parents"] for b, r in enumerate(ref))
+    return all(
+        tree.parents[b, : len(r["parents"])].tolist() == r["parents"] for b, r in enumerate(ref)
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -129,9 +147,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     p.add_argument("--depth", type=int, default=15, help="L = drafter block size - 1")
     p.add_argument("--vocab", type=int, default=151936, help="V (Qwen vocabulary by default)")
-    p.add_argument("--seq-len", type=int, default=512, help="verified length per request (FULL_MASK prefix)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per cell (default 50 on CUDA, 5 on CPU)")
-    p.add_argument("--ref-max-bs", type=int, default=64, help="skip the (slow) reference port above this batch size")
+    p.add_argument(
+        "--seq-len", type=int, default=512, help="verified length per request (FULL_MASK prefix)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed repeats per cell (default 50 on CUDA, 5 on CPU)",
+    )
+    p.add_argument(
+        "--ref-max-bs",
+        type=int,
+        default=64,
+        help="skip the (slow) reference port above this batch size",
+    )
 
 
 def run(args) -> int:
@@ -139,11 +169,29 @@ def run(args) -> int:
     repeats = args.repeats or (50 if dev.type == "cuda" else 5)
     timer = _timer(dev)
     gen = torch.Generator().manual_seed(0)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"# DDTree core on {name}, torch {torch.__version__}; L={args.depth}, V={args.vocab}, "
-          f"seq_len={args.seq_len}, median of {repeats} (µs)")
-    cols = ["bs", "B", "topk", "build", "layout+abi", "walk", "b+l+w", "ours total", "ref build", "ref walk", "ref total",
-            "ref/ours"]
+    name = (
+        torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else f"CPU ({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"# DDTree core on {name}, torch {torch.__version__}; L={args.depth}, V={args.vocab}, "
+        f"seq_len={args.seq_len}, median of {repeats} (µs)"
+    )
+    cols = [
+        "bs",
+        "B",
+        "topk",
+        "build",
+        "layout+abi",
+        "walk",
+        "b+l+w",
+        "ours total",
+        "ref build",
+        "ref walk",
+        "ref total",
+        "ref/ours",
+    ]
     if dev.type == "cuda":
         cols.insert(7, "b+l+w graph")
     print("| " + " | ".join(cols) + " |")
@@ -166,7 +214,9 @@ def run(args) -> int:
             ours = t_build + t_layout + t_walk
             row = [bs, budget, t_topk, t_build, t_layout, t_walk, ours, t_topk + ours]
             if dev.type == "cuda":
-                row.insert(7, _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats))
+                row.insert(
+                    7, _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats)
+                )
             if bs <= args.ref_max_bs:
                 ref_trees = reference_build(logits, budget)
                 r_build = timer(lambda: reference_build(logits, budget), max(3, repeats // 10))
@@ -176,13 +226,23 @@ def run(args) -> int:
                 row += [r_build, r_walk, r_total, r_total / (t_topk + ours)]
             else:
                 row += ["-"] * 4
-            print("| " + " | ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in row) + " |", flush=True)
-    print("checks passed: tree scores = reference port, walks agree" + (", Triton = torch" if dev.type == "cuda" else ""))
+            print(
+                "| "
+                + " | ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in row)
+                + " |",
+                flush=True,
+            )
+    print(
+        "checks passed: tree scores = reference port, walks agree"
+        + (", Triton = torch" if dev.type == "cuda" else "")
+    )
     return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sglang_spec.bench.tree", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_spec.bench.tree", description=__doc__.splitlines()[0]
+    )
     add_arguments(p)
     return run(p.parse_args(argv))
 

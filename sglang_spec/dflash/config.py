@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, Optional
+from typing import Any
 
 from transformers import Qwen3Config
 
@@ -21,13 +21,24 @@ DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's DEFAULT_DFLASH_MASK_TOKEN
 # Features of other DFlash variants (DFlash2, Domino, MiMo, Gemma-norm drafts): present in
 # SGLang, not implemented here. key -> value meaning "feature off".
 _UNSUPPORTED_NESTED = {
-    "conv_kernel_size": 0, "conv_group_size": 0, "selector_rank": 0, "selector_top_k": 0,
-    "output_multiplier": 1.0, "final_logit_softcapping": 0.0, "projector_type": None,
-    "attention_sink_bias": False, "attention_value_scale": None, "input_embedding_scale": 1.0,
+    "conv_kernel_size": 0,
+    "conv_group_size": 0,
+    "selector_rank": 0,
+    "selector_top_k": 0,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": 0.0,
+    "projector_type": None,
+    "attention_sink_bias": False,
+    "attention_value_scale": None,
+    "input_embedding_scale": 1.0,
 }
 _UNSUPPORTED_TOP = {
-    "use_gemma_norm": False, "has_embed_tokens": False, "partial_rotary_factor": 1.0,
-    "rope_is_neox_style": True, "is_neox_style": True, "projector_type": None,
+    "use_gemma_norm": False,
+    "has_embed_tokens": False,
+    "partial_rotary_factor": 1.0,
+    "rope_is_neox_style": True,
+    "is_neox_style": True,
+    "projector_type": None,
 }
 
 
@@ -39,7 +50,7 @@ class DrafterConfigWarning(UserWarning):
     """The drafter config is legal but suspicious."""
 
 
-def _int(value: Any, field: str, *, lo: int, hi: Optional[int] = None, rng: str = "") -> int:
+def _int(value: Any, field: str, *, lo: int, hi: int | None = None, rng: str = "") -> int:
     """``value`` as an int in [lo, hi) (hi=None: unbounded), else DrafterConfigError naming ``field``."""
     rng = rng or (f"[{lo}, {hi})" if hi is not None else f">= {lo}")
     if isinstance(value, bool) or not isinstance(value, Integral):
@@ -55,7 +66,8 @@ def _one_of(cfg: dict, nested: dict, key: str) -> Any:
     if top is not None and sub is not None and top != sub:
         raise DrafterConfigError(
             f"{key} differs between top level ({top!r}) and dflash_config ({sub!r}); "
-            "SGLang uses the dflash_config value, other runtimes the top-level one -- make them equal")
+            "SGLang uses the dflash_config value, other runtimes the top-level one -- make them equal"
+        )
     return sub if sub is not None else top
 
 
@@ -68,7 +80,9 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     lo, hi = 1, num_target_layers - 3
-    return [int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    return [
+        int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers)
+    ]
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ class DFlashConfig:
     mask_token: str
     target_layer_ids: tuple[int, ...]
     num_target_layers: int
-    vocab_size: Optional[int]
+    vocab_size: int | None
     hidden_size: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -91,15 +105,15 @@ class DFlashConfig:
     rms_norm_eps: float
     attention_bias: bool
     layer_types: tuple[str, ...]
-    sliding_window: Optional[int]   # HF convention: the window includes the query token
+    sliding_window: int | None  # HF convention: the window includes the query token
     layer_causal: tuple[bool, ...]  # per layer: keys must not be after the query
-    hf_config: Qwen3Config          # what transformers / SGLang build from ``raw`` (rope, MLP)
+    hf_config: Qwen3Config  # what transformers / SGLang build from ``raw`` (rope, MLP)
 
-    def layer_window(self, i: int) -> Optional[int]:
+    def layer_window(self, i: int) -> int | None:
         return self.sliding_window if self.layer_types[i] == SLIDING else None
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> "DFlashConfig":
+    def from_dict(cls, cfg: dict) -> DFlashConfig:
         """Parse and check the drafter's own fields (no target needed)."""
         if not isinstance(cfg, dict):
             raise DrafterConfigError(f"config must be a dict, got {type(cfg).__name__}")
@@ -109,27 +123,37 @@ class DFlashConfig:
         archs = cfg.get("architectures")
         if archs is not None and "DFlashDraftModel" not in archs:
             raise DrafterConfigError(f"architectures={archs!r} must include 'DFlashDraftModel'")
-        for src, table, where in ((nested, _UNSUPPORTED_NESTED, "dflash_config."), (cfg, _UNSUPPORTED_TOP, "")):
+        for src, table, where in (
+            (nested, _UNSUPPORTED_NESTED, "dflash_config."),
+            (cfg, _UNSUPPORTED_TOP, ""),
+        ):
             for key, off in table.items():
                 if src.get(key) not in (off, None):
                     raise DrafterConfigError(
                         f"{where}{key}={src[key]!r} is not supported (only {off!r}): this drafter "
-                        "implements plain DFlash, and ignoring the field would mis-draft")
+                        "implements plain DFlash, and ignoring the field would mis-draft"
+                    )
 
         block = _one_of(cfg, nested, "block_size")
         if block is None:
-            raise DrafterConfigError("block_size is missing (top level or dflash_config); valid: integer >= 2")
+            raise DrafterConfigError(
+                "block_size is missing (top level or dflash_config); valid: integer >= 2"
+            )
         block = _int(block, "block_size", lo=2)
 
         mask_id = _one_of(cfg, nested, "mask_token_id")
         if mask_id is None:
-            raise DrafterConfigError("dflash_config.mask_token_id is missing; valid: an id in [0, target vocab)")
+            raise DrafterConfigError(
+                "dflash_config.mask_token_id is missing; valid: an id in [0, target vocab)"
+            )
         mask_id = _int(mask_id, "dflash_config.mask_token_id", lo=0)
         mask_token = nested.get("mask_token", cfg.get("mask_token")) or DEFAULT_MASK_TOKEN
 
         n_target = _one_of(cfg, nested, "num_target_layers")
         if n_target is None:
-            raise DrafterConfigError("num_target_layers is missing; valid: the target's num_hidden_layers")
+            raise DrafterConfigError(
+                "num_target_layers is missing; valid: the target's num_hidden_layers"
+            )
         n_target = _int(n_target, "num_target_layers", lo=2)
 
         ids = _one_of(cfg, nested, "target_layer_ids")
@@ -139,7 +163,9 @@ class DFlashConfig:
         # 0 <= id < num_layers - 1. Features are concatenated in layer order, so order matters too.
         rng = f"unique, strictly increasing ints in [0, {n_target - 1})"
         if not isinstance(ids, (list, tuple)) or not ids:
-            raise DrafterConfigError(f"dflash_config.target_layer_ids={ids!r} must be a non-empty list of {rng}")
+            raise DrafterConfigError(
+                f"dflash_config.target_layer_ids={ids!r} must be a non-empty list of {rng}"
+            )
         for i, v in enumerate(ids):
             _int(v, f"dflash_config.target_layer_ids[{i}]", lo=0, hi=n_target - 1, rng=rng)
         if any(a >= b for a, b in zip(ids, ids[1:])):
@@ -149,7 +175,9 @@ class DFlashConfig:
         heads = _int(cfg.get("num_attention_heads"), "num_attention_heads", lo=1)
         kv_heads = _int(cfg.get("num_key_value_heads", heads), "num_key_value_heads", lo=1)
         if heads % kv_heads:
-            raise DrafterConfigError(f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}")
+            raise DrafterConfigError(
+                f"num_key_value_heads={kv_heads} must divide num_attention_heads={heads}"
+            )
         head_dim = _int(cfg.get("head_dim", hidden // heads), "head_dim", lo=2)
         if head_dim % 2:
             raise DrafterConfigError(f"head_dim={head_dim} must be even (RoPE rotates halves)")
@@ -157,7 +185,9 @@ class DFlashConfig:
         layers = _int(cfg.get("num_hidden_layers"), "num_hidden_layers", lo=1)
         eps = float(cfg.get("rms_norm_eps", 1e-6))
         if cfg.get("hidden_act", "silu") != "silu":
-            raise DrafterConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported; valid: 'silu'")
+            raise DrafterConfigError(
+                f"hidden_act={cfg['hidden_act']!r} is not supported; valid: 'silu'"
+            )
         vocab = cfg.get("vocab_size")
         if vocab is not None:
             vocab = _int(vocab, "vocab_size", lo=1)
@@ -167,10 +197,13 @@ class DFlashConfig:
             if not isinstance(types, (list, tuple)) or len(types) != layers:
                 raise DrafterConfigError(
                     f"layer_types={types!r} must be a list with one entry per draft layer "
-                    f"(num_hidden_layers={layers})")
+                    f"(num_hidden_layers={layers})"
+                )
             for i, t in enumerate(types):
                 if t not in (FULL, SLIDING):
-                    raise DrafterConfigError(f"layer_types[{i}]={t!r} is not supported; valid: {FULL!r}, {SLIDING!r}")
+                    raise DrafterConfigError(
+                        f"layer_types[{i}]={t!r} is not supported; valid: {FULL!r}, {SLIDING!r}"
+                    )
         try:
             # SGLang loads the draft config through transformers' Qwen3Config; take layer_types,
             # sliding_window and rope exactly as it resolves them (e.g. it drops sliding_window
@@ -180,30 +213,54 @@ class DFlashConfig:
             raise DrafterConfigError(f"transformers Qwen3Config rejects this config: {e}") from e
         for key in ("rope_dim", "mrope_section"):
             if key in (hf.rope_parameters or {}):
-                raise DrafterConfigError(f"rope_parameters.{key}={hf.rope_parameters[key]!r} is not supported")
+                raise DrafterConfigError(
+                    f"rope_parameters.{key}={hf.rope_parameters[key]!r} is not supported"
+                )
         types = tuple(hf.layer_types)
         window = hf.sliding_window
-        if SLIDING in types and (cfg.get("sliding_window") is None or window is None or isinstance(window, bool) or not isinstance(window, Integral) or window < 1):
+        if SLIDING in types and (
+            cfg.get("sliding_window") is None
+            or window is None
+            or isinstance(window, bool)
+            or not isinstance(window, Integral)
+            or window < 1
+        ):
             raise DrafterConfigError(
                 f"layer_types[{types.index(SLIDING)}]={SLIDING!r} needs a positive integer sliding_window; "
                 f"got sliding_window={cfg.get('sliding_window')!r} with use_sliding_window="
                 f"{cfg.get('use_sliding_window')!r} (transformers/SGLang drop the window unless "
-                "use_sliding_window is true)")
+                "use_sliding_window is true)"
+            )
         # SGLang (models/dflash.py _get_dflash_attention_type): explicit is_causal applies to every
         # layer; otherwise full layers are ENCODER_ONLY (non-causal), sliding ones DECODER (causal).
         is_causal = cfg.get("is_causal")
         if is_causal is False and SLIDING in types:
             raise DrafterConfigError(
                 "is_causal=False with sliding_attention layers is not supported: the bidirectional "
-                "window semantics differ between SGLang and the z-lab reference")
+                "window semantics differ between SGLang and the z-lab reference"
+            )
         causal = tuple(t == SLIDING if is_causal is None else bool(is_causal) for t in types)
         return cls(
-            raw=cfg, block_size=block, mask_token_id=mask_id, mask_token=mask_token,
-            target_layer_ids=tuple(int(v) for v in ids), num_target_layers=n_target, vocab_size=vocab,
-            hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-            intermediate_size=inter, num_hidden_layers=layers, rms_norm_eps=eps,
-            attention_bias=bool(cfg.get("attention_bias", False)), layer_types=types,
-            sliding_window=int(window) if SLIDING in types else None, layer_causal=causal, hf_config=hf)
+            raw=cfg,
+            block_size=block,
+            mask_token_id=mask_id,
+            mask_token=mask_token,
+            target_layer_ids=tuple(int(v) for v in ids),
+            num_target_layers=n_target,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            rms_norm_eps=eps,
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            layer_types=types,
+            sliding_window=int(window) if SLIDING in types else None,
+            layer_causal=causal,
+            hf_config=hf,
+        )
 
 
 def _target_text_config(target_config: Any) -> Any:
@@ -220,7 +277,9 @@ def _special_ids(target_config: Any, tokenizer: Any) -> set[int]:
         ids.update(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]) if x is not None)
     if tokenizer is not None:
         ids.update(int(i) for i in tokenizer.all_special_ids)
-        ids.update(int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special)
+        ids.update(
+            int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special
+        )
     return ids
 
 
@@ -235,37 +294,53 @@ def validate_drafter_config(cfg: dict, target_config: Any, tokenizer: Any = None
     t_layers, t_hidden, t_vocab = int(t.num_hidden_layers), int(t.hidden_size), int(t.vocab_size)
     if c.num_target_layers != t_layers:
         raise DrafterConfigError(
-            f"num_target_layers={c.num_target_layers} does not match the target's num_hidden_layers={t_layers}")
+            f"num_target_layers={c.num_target_layers} does not match the target's num_hidden_layers={t_layers}"
+        )
     if c.hidden_size != t_hidden:
-        raise DrafterConfigError(f"hidden_size={c.hidden_size} does not match the target's hidden_size={t_hidden}")
+        raise DrafterConfigError(
+            f"hidden_size={c.hidden_size} does not match the target's hidden_size={t_hidden}"
+        )
     if c.vocab_size is not None and c.vocab_size != t_vocab:
         raise DrafterConfigError(
             f"vocab_size={c.vocab_size} does not match the target's vocab_size={t_vocab}: "
-            "the drafter was trained for a different target")
+            "the drafter was trained for a different target"
+        )
     if c.mask_token_id >= t_vocab:
         raise DrafterConfigError(
-            f"dflash_config.mask_token_id={c.mask_token_id} is outside the target vocab; valid: [0, {t_vocab})")
+            f"dflash_config.mask_token_id={c.mask_token_id} is outside the target vocab; valid: [0, {t_vocab})"
+        )
     if tokenizer is not None:  # as SGLang's DFlash worker _resolve_mask_token_id does
         vocab_id = tokenizer.get_vocab().get(c.mask_token)
         if vocab_id is not None and int(vocab_id) != c.mask_token_id:
             raise DrafterConfigError(
                 f"dflash_config.mask_token_id={c.mask_token_id} conflicts with the tokenizer: "
-                f"mask_token={c.mask_token!r} has id {vocab_id}")
+                f"mask_token={c.mask_token!r} has id {vocab_id}"
+            )
 
     found = []
     special = _special_ids(t, tokenizer)
     if special and c.mask_token_id < min(special):
-        found.append(f"dflash_config.mask_token_id={c.mask_token_id} lies below the target's first special "
-                     f"token id {min(special)}: it is probably an ordinary text token")
-    if tokenizer is not None and c.mask_token_id < len(tokenizer) and c.mask_token_id not in special:
+        found.append(
+            f"dflash_config.mask_token_id={c.mask_token_id} lies below the target's first special "
+            f"token id {min(special)}: it is probably an ordinary text token"
+        )
+    if (
+        tokenizer is not None
+        and c.mask_token_id < len(tokenizer)
+        and c.mask_token_id not in special
+    ):
         tok = tokenizer.convert_ids_to_tokens(c.mask_token_id)
-        found.append(f"dflash_config.mask_token_id={c.mask_token_id} is the ordinary text token {tok!r} "
-                     "of the target tokenizer, not a dedicated mask token")
+        found.append(
+            f"dflash_config.mask_token_id={c.mask_token_id} is the ordinary text token {tok!r} "
+            "of the target tokenizer, not a dedicated mask token"
+        )
     default = default_target_layer_ids(c.num_target_layers, c.num_hidden_layers)
     if list(c.target_layer_ids) != default:
-        found.append(f"dflash_config.target_layer_ids={list(c.target_layer_ids)} differs from SGLang's "
-                     f"evenly-spread default {default} (dflash_utils.build_target_layer_ids); the config "
-                     "value is used -- check it matches how the drafter was trained")
+        found.append(
+            f"dflash_config.target_layer_ids={list(c.target_layer_ids)} differs from SGLang's "
+            f"evenly-spread default {default} (dflash_utils.build_target_layer_ids); the config "
+            "value is used -- check it matches how the drafter was trained"
+        )
     for msg in found:
         warnings.warn(msg, DrafterConfigWarning, stacklevel=2)
     return found

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from glob import glob
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,11 @@ class DFlashCache:
 class _Attention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
         bias = c.attention_bias
         self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=bias)
@@ -68,15 +72,23 @@ class _Attention(nn.Module):
         k = _rotate(self.k_norm(self._heads(self.k_proj(x), self.kv_heads)), cos, sin)
         return k, self._heads(self.v_proj(x), self.kv_heads)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor
+    ) -> Tensor:
         q = _rotate(self.q_norm(self._heads(self.q_proj(x), self.heads)), cos, sin)
         k, v = self.kv(x, cos, sin)
         k, v = torch.cat((ctx_k, k), dim=2), torch.cat((ctx_v, v), dim=2)
         # A query that may see nothing would give NaN (also in backward): let it see everything
         # and zero its output instead.
         seen = mask.any(-1, keepdim=True)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~seen, scale=self.head_dim ** -0.5,
-                                             enable_gqa=self.heads != self.kv_heads)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask | ~seen,
+            scale=self.head_dim**-0.5,
+            enable_gqa=self.heads != self.kv_heads,
+        )
         out = out * seen
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
@@ -89,7 +101,9 @@ class _Layer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -119,8 +133,14 @@ class DFlashDrafter(nn.Module):
     # ---- construction / persistence -------------------------------------------------------
 
     @classmethod
-    def from_config(cls, cfg: dict, target: nn.Module, *, dtype: Optional[torch.dtype] = None,
-                    tokenizer: Any = None) -> "DFlashDrafter":
+    def from_config(
+        cls,
+        cfg: dict,
+        target: nn.Module,
+        *,
+        dtype: torch.dtype | None = None,
+        tokenizer: Any = None,
+    ) -> DFlashDrafter:
         """Randomly initialised drafter (seed torch first); validated against ``target`` first.
         ``dtype`` defaults to the target embedding's dtype; placed on the target's device."""
         validate_drafter_config(cfg, target.config, tokenizer)
@@ -129,8 +149,14 @@ class DFlashDrafter(nn.Module):
         return model.to(device=embed.device, dtype=dtype or embed.dtype)
 
     @classmethod
-    def from_pretrained(cls, path: str, target: nn.Module, *, dtype: Optional[torch.dtype] = None,
-                        tokenizer: Any = None) -> "DFlashDrafter":
+    def from_pretrained(
+        cls,
+        path: str,
+        target: nn.Module,
+        *,
+        dtype: torch.dtype | None = None,
+        tokenizer: Any = None,
+    ) -> DFlashDrafter:
         """Load ``config.json`` + ``*.safetensors`` from a local directory (no network).
 
         Every drafter weight must be present with the right shape and no unknown weight may
@@ -138,7 +164,9 @@ class DFlashDrafter(nn.Module):
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
         if os.path.exists(os.path.join(path, "mask_embedding.pt")):
-            raise DrafterConfigError("mask_embedding.pt (trained mask row, merged by SGLang) is not supported")
+            raise DrafterConfigError(
+                "mask_embedding.pt (trained mask row, merged by SGLang) is not supported"
+            )
         files = sorted(glob(os.path.join(path, "*.safetensors")))
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {path}")
@@ -147,13 +175,20 @@ class DFlashDrafter(nn.Module):
         for file in files:
             weights.update({k.removeprefix("model."): v for k, v in load_file(file).items()})
         own = model.state_dict()
-        missing, unexpected = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
+        missing, unexpected = (
+            sorted(own.keys() - weights.keys()),
+            sorted(weights.keys() - own.keys()),
+        )
         if missing or unexpected:
-            raise DrafterConfigError(f"checkpoint {path}: missing weights {missing}, unexpected weights {unexpected}")
+            raise DrafterConfigError(
+                f"checkpoint {path}: missing weights {missing}, unexpected weights {unexpected}"
+            )
         for k, v in weights.items():
             if v.shape != own[k].shape:
-                raise DrafterConfigError(f"checkpoint weight {k} has shape {tuple(v.shape)}, "
-                                         f"config implies {tuple(own[k].shape)}")
+                raise DrafterConfigError(
+                    f"checkpoint weight {k} has shape {tuple(v.shape)}, "
+                    f"config implies {tuple(own[k].shape)}"
+                )
         model.load_state_dict(weights)
         return model
 
@@ -162,8 +197,10 @@ class DFlashDrafter(nn.Module):
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(self.config.raw, f, indent=2)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
-                  os.path.join(path, "model.safetensors"))
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+            os.path.join(path, "model.safetensors"),
+        )
 
     @property
     def block_size(self) -> int:
@@ -183,7 +220,9 @@ class DFlashDrafter(nn.Module):
         """HF ``output_hidden_states`` tuple -> [bs, T, k*H]: outputs of layers target_layer_ids."""
         expected = self.config.num_target_layers + 1
         if len(hidden_states) != expected:
-            raise ValueError(f"expected {expected} hidden states (embeddings + each target layer), got {len(hidden_states)}")
+            raise ValueError(
+                f"expected {expected} hidden states (embeddings + each target layer), got {len(hidden_states)}"
+            )
         return torch.cat([hidden_states[i + 1] for i in self.target_layer_ids], dim=-1)
 
     def project_context(self, features: Tensor) -> Tensor:
@@ -200,7 +239,7 @@ class DFlashDrafter(nn.Module):
             rotary.to(positions.device)
         return rotary(self.fc.weight, positions.clamp_min(0))
 
-    def _masks(self, q_pos: Tensor, k_pos: Tensor, base: Optional[Tensor]) -> list[Tensor]:
+    def _masks(self, q_pos: Tensor, k_pos: Tensor, base: Tensor | None) -> list[Tensor]:
         """Per-layer bool masks [bs, 1, Q, K]: ``base`` (or all-visible) AND keys with position >= 0,
         AND, for causal layers, key <= query, AND, for sliding layers, query - key <= window - 1
         (SGLang's window_left = sliding_window - 1, dflash_utils.get_dflash_attention_sliding_window_size)."""
@@ -208,15 +247,23 @@ class DFlashDrafter(nn.Module):
         visible = k >= 0
         if base is not None:
             visible = visible & base
-        kinds = [(causal, self.config.layer_window(i)) for i, causal in enumerate(self.config.layer_causal)]
+        kinds = [
+            (causal, self.config.layer_window(i))
+            for i, causal in enumerate(self.config.layer_causal)
+        ]
         by_kind = {}
         for causal, window in set(kinds):
             m = visible & (k <= q) if causal else visible
             by_kind[causal, window] = m & (q - k < window) if window is not None else m
         return [by_kind[kind] for kind in kinds]
 
-    def _run(self, query_ids: Tensor, query_positions: Tensor, ctx_kv: list[tuple[Tensor, Tensor]],
-             masks: list[Tensor]) -> Tensor:
+    def _run(
+        self,
+        query_ids: Tensor,
+        query_positions: Tensor,
+        ctx_kv: list[tuple[Tensor, Tensor]],
+        masks: list[Tensor],
+    ) -> Tensor:
         x = self._borrowed[0](query_ids).to(self.fc.weight.dtype)
         cos, sin = self._cos_sin(query_positions)
         for layer, (k, v), mask in zip(self.layers, ctx_kv, masks):
@@ -225,8 +272,14 @@ class DFlashDrafter(nn.Module):
 
     # ---- full forward (training / oracle) ---------------------------------------------------
 
-    def forward(self, query_ids: Tensor, query_positions: Tensor, ctx: Tensor, ctx_positions: Tensor,
-                attention_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        query_ids: Tensor,
+        query_positions: Tensor,
+        ctx: Tensor,
+        ctx_positions: Tensor,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
         """Query rows [bs, Q] attend to projected context ``ctx`` [bs, C, H] and to each other.
 
         ``attention_mask``: bool [bs or 1, 1, Q, C+Q] (True = may attend; columns ctx then queries),
@@ -234,29 +287,43 @@ class DFlashDrafter(nn.Module):
         with negative positions) are applied on top. Returns final-normed hidden [bs, Q, H]."""
         bs, n_q = query_ids.shape
         want = (1, n_q, ctx.shape[1] + n_q)
-        if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.shape[1:] != want
-                                           or attention_mask.shape[0] not in (1, bs)):
-            raise ValueError(f"attention_mask must be bool [{bs} or 1, *{want}], got "
-                             f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+        if attention_mask is not None and (
+            attention_mask.dtype != torch.bool
+            or attention_mask.shape[1:] != want
+            or attention_mask.shape[0] not in (1, bs)
+        ):
+            raise ValueError(
+                f"attention_mask must be bool [{bs} or 1, *{want}], got "
+                f"{attention_mask.dtype} {tuple(attention_mask.shape)}"
+            )
         cos, sin = self._cos_sin(ctx_positions)
         ctx_kv = [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
-        masks = self._masks(query_positions, torch.cat((ctx_positions, query_positions), 1), attention_mask)
+        masks = self._masks(
+            query_positions, torch.cat((ctx_positions, query_positions), 1), attention_mask
+        )
         return self._run(query_ids, query_positions, ctx_kv, masks)
 
     # ---- cached drafting ------------------------------------------------------------------
 
     def new_cache(self, batch_size: int) -> DFlashCache:
         w = self.fc.weight
-        empty = lambda: w.new_zeros(batch_size, self.config.num_key_value_heads, 0, self.config.head_dim)
-        return DFlashCache([empty() for _ in self.layers], [empty() for _ in self.layers],
-                           torch.zeros(batch_size, 0, dtype=torch.long, device=w.device))
+        empty = lambda: w.new_zeros(
+            batch_size, self.config.num_key_value_heads, 0, self.config.head_dim
+        )
+        return DFlashCache(
+            [empty() for _ in self.layers],
+            [empty() for _ in self.layers],
+            torch.zeros(batch_size, 0, dtype=torch.long, device=w.device),
+        )
 
     def append_context(self, cache: DFlashCache, features: Tensor, positions: Tensor) -> None:
         """Project committed tokens' target features [bs, T, k*H] at ``positions`` [bs, T] into every
         layer's context K/V (once per token). Padding rows: position -1."""
         if features.shape[:2] != positions.shape or positions.shape[0] != cache.positions.shape[0]:
-            raise ValueError(f"features {tuple(features.shape)} / positions {tuple(positions.shape)} "
-                             f"do not match a cache of batch {cache.positions.shape[0]}")
+            raise ValueError(
+                f"features {tuple(features.shape)} / positions {tuple(positions.shape)} "
+                f"do not match a cache of batch {cache.positions.shape[0]}"
+            )
         ctx = self.project_context(features)
         cos, sin = self._cos_sin(positions)
         for i, layer in enumerate(self.layers):
@@ -271,7 +338,9 @@ class DFlashDrafter(nn.Module):
         cache.values = [v[:, :, :length] for v in cache.values]
         cache.positions = cache.positions[:, :length]
 
-    def draft_logits(self, cache: DFlashCache, bonus_tokens: Tensor, start_positions: Tensor) -> Tensor:
+    def draft_logits(
+        self, cache: DFlashCache, bonus_tokens: Tensor, start_positions: Tensor
+    ) -> Tensor:
         """One draft step: block [bonus, MASK*(B-1)] at start..start+B-1 over all cached context.
         Returns the LM-head logits of block rows 1..B-1 [bs, B-1, V]; the cache is unchanged."""
         bs, b = bonus_tokens.shape[0], self.block_size

@@ -28,7 +28,9 @@ from .tree_gdn import TreeGDNStates, gdn_tree_commit, gdn_tree_forward
 def _linear_layer(cache, layer_idx: int) -> LinearAttentionCacheLayerMixin:
     layer = cache.layers[layer_idx]
     if not isinstance(layer, LinearAttentionCacheLayerMixin) or not layer.has_previous_state[0]:
-        raise ValueError(f"cache layer {layer_idx} is not a linear-attention layer with prefilled state")
+        raise ValueError(
+            f"cache layer {layer_idx} is not a linear-attention layer with prefilled state"
+        )
     return layer
 
 
@@ -38,7 +40,9 @@ def read_committed_states(cache, layer_idx: int) -> tuple[torch.Tensor, torch.Te
     return layer.conv_states[0][..., -layer.conv_kernel_size[0] :], layer.recurrent_states[0]
 
 
-def write_committed_states(cache, layer_idx: int, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
+def write_committed_states(
+    cache, layer_idx: int, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> None:
     """Store committed states into ``cache`` in place (keeps the buffers' addresses and dtypes)."""
     layer = _linear_layer(cache, layer_idx)
     if layer.conv_states[0].shape == conv_state.shape:
@@ -50,7 +54,9 @@ def write_committed_states(cache, layer_idx: int, conv_state: torch.Tensor, ssm_
 
 def is_gdn_layer(module: torch.nn.Module) -> bool:
     """True for the GDN layers ``gdn_tree_forward`` supports (Qwen3.5, Qwen3.5-MoE, Qwen3-Next)."""
-    return hasattr(module, "A_log") and (hasattr(module, "in_proj_qkv") or hasattr(module, "in_proj_qkvz"))
+    return hasattr(module, "A_log") and (
+        hasattr(module, "in_proj_qkv") or hasattr(module, "in_proj_qkvz")
+    )
 
 
 class GDNTreeVerifier:
@@ -80,7 +86,9 @@ class GDNTreeVerifier:
     def _tree_forward(self, layer):
         def forward(hidden_states, cache_params=None, attention_mask=None, **kwargs):
             conv_state, ssm_state = read_committed_states(cache_params, layer.layer_idx)
-            out, states = gdn_tree_forward(layer, hidden_states, self.parents, conv_state, ssm_state)
+            out, states = gdn_tree_forward(
+                layer, hidden_states, self.parents, conv_state, ssm_state
+            )
             self.states[layer.layer_idx] = states
             return out
 

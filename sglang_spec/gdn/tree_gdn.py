@@ -88,7 +88,9 @@ def _project(layer, hidden: torch.Tensor):
     """Input projections -> (mixed_qkv [bs, N, conv_dim], z [bs, N, Hv, dv], b, a [bs, N, Hv])."""
     bs, n, _ = hidden.shape
     if hasattr(layer, "in_proj_qkvz"):  # Qwen3-Next: per-k-head interleaved fused projections
-        q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(hidden), layer.in_proj_ba(hidden))
+        q, k, v, z, b, a = layer.fix_query_key_value_ordering(
+            layer.in_proj_qkvz(hidden), layer.in_proj_ba(hidden)
+        )
         mixed_qkv = torch.cat([x.reshape(bs, n, -1) for x in (q, k, v)], dim=-1)
         return mixed_qkv, z, b, a
     z = layer.in_proj_z(hidden).reshape(bs, n, -1, layer.head_v_dim)
@@ -130,7 +132,9 @@ def gdn_tree_forward(
     mixed_qkv, z, b, a = _project(layer, hidden)
     ext = torch.cat([conv_state.transpose(1, 2).to(mixed_qkv.dtype), mixed_qkv], dim=1)
     win = _conv_window_index(parents, kernel)
-    windows = ext[torch.arange(bs, device=ext.device)[:, None, None], win].transpose(-1, -2)  # [bs, N, C, K]
+    windows = ext[torch.arange(bs, device=ext.device)[:, None, None], win].transpose(
+        -1, -2
+    )  # [bs, N, C, K]
     windows = torch.where(valid[..., None, None], windows, 0)
     conv_dim = windows.shape[2]
     conv_out = F.conv1d(
@@ -141,7 +145,9 @@ def gdn_tree_forward(
     )
     conv_out = ACT2FN[layer.activation](conv_out).reshape(bs, n, conv_dim).to(mixed_qkv.dtype)
 
-    query, key, value = torch.split(conv_out, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    query, key, value = torch.split(
+        conv_out, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1
+    )
     query = query.reshape(bs, n, -1, layer.head_k_dim)
     key = key.reshape(bs, n, -1, layer.head_k_dim)
     value = value.reshape(bs, n, -1, layer.head_v_dim)
@@ -164,12 +170,16 @@ def gdn_tree_forward(
         step_inputs = (x[bi, ni] for x in (query, key, value, g, beta))
         ssm[bi, ni], core[bi, ni] = _delta_rule_step(init, *step_inputs)
 
-    core = layer.norm(core.to(out_dtype).reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
+    core = layer.norm(
+        core.to(out_dtype).reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim)
+    )
     out = layer.out_proj(core.reshape(bs, n, -1))
     return out, TreeGDNStates(ssm=ssm, conv=windows, depth=depth)
 
 
-def gdn_tree_commit(states: TreeGDNStates, accepted_node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_tree_commit(
+    states: TreeGDNStates, accepted_node: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """States to store after acceptance: (conv_state [bs, C, K], ssm_state [bs, Hv, dk, dv] fp32).
 
     ``accepted_node`` [bs] is the deepest accepted node of each row (0 = only the root was accepted);

@@ -36,21 +36,30 @@ from sglang_spec.patching.core import (  # noqa: F401  (re-exported API)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument(
-        "action", choices=["apply", "check", "revert", "manifest"],
+        "action",
+        choices=["apply", "check", "revert", "manifest"],
         help="apply: patch the tree (no-op if already applied); check: report "
-             "applied / not applied / partially applied / modified by someone else "
-             "(exit 0 only if applied); revert: restore the original files byte for byte; "
-             "manifest: (maintainers) print manifest.json for the tree's version from "
-             "patches/<version>/series and a pristine tree")
+        "applied / not applied / partially applied / modified by someone else "
+        "(exit 0 only if applied); revert: restore the original files byte for byte; "
+        "manifest: (maintainers) print manifest.json for the tree's version from "
+        "patches/<version>/series and a pristine tree",
+    )
     parser.add_argument(
-        "--sglang-dir", metavar="DIR", default=None,
+        "--sglang-dir",
+        metavar="DIR",
+        default=None,
         help="the directory that CONTAINS the sglang/ package (e.g. site-packages), or the "
-             "sglang package directory itself; both are accepted. Default: the sglang that "
-             "this Python would import (found without importing it)")
+        "sglang package directory itself; both are accepted. Default: the sglang that "
+        "this Python would import (found without importing it)",
+    )
     parser.add_argument(
-        "--patches-dir", metavar="DIR", type=Path, default=None,
+        "--patches-dir",
+        metavar="DIR",
+        type=Path,
+        default=None,
         help="where the per-version patch sets live (default: $SGLANG_SPEC_PATCHES_DIR, "
-             "else patches/ next to the sglang_spec package)")
+        "else patches/ next to the sglang_spec package)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(build_manifest(patches_dir, version, tree), indent=2))
             return 0
         result: Result = {"apply": apply, "check": check, "revert": revert}[args.action](
-            args.sglang_dir, args.patches_dir)
+            args.sglang_dir, args.patches_dir
+        )
     except PatchingError as e:
         print(f"sglang-spec patch {args.action}: {e}", file=sys.stderr)
         return e.exit_code

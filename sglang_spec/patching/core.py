@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_spec.patching import udiff
-
 from sglang_spec.paths import shipped_dir
 
 MANIFEST = "manifest.json"
 
 ORIGINAL, PATCHED, MODIFIED, MISSING = "original", "patched", "modified", "missing"
 APPLIED, NOT_APPLIED, PARTIAL, FOREIGN = (
-    "applied", "not applied", "partially applied", "modified by someone else")
+    "applied",
+    "not applied",
+    "partially applied",
+    "modified by someone else",
+)
 
 
 class PatchingError(Exception):
@@ -68,7 +71,9 @@ def locate(sglang_dir: str | None) -> SglangTree:
             return SglangTree(p.parent, f"--sglang-dir {sglang_dir} (the sglang package itself)")
         raise PatchingError(
             f"--sglang-dir {sglang_dir}: neither it nor {p / 'sglang'} is an sglang package "
-            "(expected __init__.py or version.py)", 2)
+            "(expected __init__.py or version.py)",
+            2,
+        )
     # find_spec on a top-level name locates the package without executing it.
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
@@ -79,7 +84,10 @@ def locate(sglang_dir: str | None) -> SglangTree:
 
 _VERSION_RES = [
     # sglang/_version.py (generated at build): "__version__ = version = '0.5.23'"
-    ("sglang/_version.py", re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)),
+    (
+        "sglang/_version.py",
+        re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M),
+    ),
     # sglang/version.py in releases that hard-code it: '__version__ = "0.4.6"'
     ("sglang/version.py", re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)),
 ]
@@ -94,7 +102,9 @@ def detect_version(tree: SglangTree) -> tuple[str, str]:
             if m:
                 return m.group(1), str(f)
     for meta in sorted(tree.root.glob("sglang-*.dist-info/METADATA")):
-        m = re.search(r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M)
+        m = re.search(
+            r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M
+        )
         if m:
             return m.group(1), str(meta)
     raise PatchingError(f"cannot read the sglang version under {tree.root}", 2)
@@ -131,10 +141,14 @@ def load_patch_set(patches_dir: Path, version: str) -> PatchSet:
         pins = supported_versions(patches_dir)
         raise PatchingError(
             f"sglang {version} is not a supported pin; supported: {', '.join(pins) or '(none found)'}"
-            f" (patch sets in {patches_dir})", 2)
+            f" (patch sets in {patches_dir})",
+            2,
+        )
     manifest = json.loads((d / MANIFEST).read_text())
     if manifest.get("sglang_version") != version:
-        raise PatchingError(f"{d / MANIFEST} is for {manifest.get('sglang_version')}, not {version}", 2)
+        raise PatchingError(
+            f"{d / MANIFEST} is for {manifest.get('sglang_version')}, not {version}", 2
+        )
     parsed = [(name, udiff.parse((d / name).read_bytes())) for name in manifest["series"]]
     touched = {fp.path for _, fps in parsed for fp in fps}
     if touched != set(manifest["files"]):
@@ -154,8 +168,9 @@ def patched_contents(ps: PatchSet, originals: dict[str, bytes]) -> dict[str, byt
     return out
 
 
-def reverted_contents(ps: PatchSet, patched: dict[str, bytes],
-                      only: set[str] | None = None) -> dict[str, bytes]:
+def reverted_contents(
+    ps: PatchSet, patched: dict[str, bytes], only: set[str] | None = None
+) -> dict[str, bytes]:
     """Reverse the series in memory (restricted to the files in ``only`` if given)."""
     out = dict(patched)
     for name, fps in reversed(ps.parsed):
@@ -173,8 +188,11 @@ def build_manifest(patches_dir: Path, version: str, pristine: SglangTree) -> dic
     """Maintainer helper: compute the manifest from a pristine tree and the series file."""
     d = patches_dir / version
     series_file = d / "series"
-    series = [ln.strip() for ln in series_file.read_text().splitlines()
-              if ln.strip() and not ln.startswith("#")]
+    series = [
+        ln.strip()
+        for ln in series_file.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     parsed = [(n, udiff.parse((d / n).read_bytes())) for n in series]
     files: dict[str, dict] = {}
     for n, fps in parsed:
@@ -188,8 +206,11 @@ def build_manifest(patches_dir: Path, version: str, pristine: SglangTree) -> dic
     for rel in files:
         files[rel]["original_sha256"] = sha256(originals[rel])
         files[rel]["patched_sha256"] = sha256(new[rel])
-    return {"sglang_version": version, "series": series,
-            "files": {k: files[k] for k in sorted(files)}}
+    return {
+        "sglang_version": version,
+        "series": series,
+        "files": {k: files[k] for k in sorted(files)},
+    }
 
 
 # ---------------------------------------------------------------- state
@@ -212,8 +233,13 @@ def inspect_state(tree: SglangTree, ps: PatchSet) -> TreeState:
         data = f.read_bytes()
         contents[rel] = data
         digest = sha256(data)
-        per_file[rel] = (ORIGINAL if digest == h["original_sha256"]
-                         else PATCHED if digest == h["patched_sha256"] else MODIFIED)
+        per_file[rel] = (
+            ORIGINAL
+            if digest == h["original_sha256"]
+            else PATCHED
+            if digest == h["patched_sha256"]
+            else MODIFIED
+        )
     states = set(per_file.values())
     if states & {MODIFIED, MISSING}:
         overall = FOREIGN
@@ -279,8 +305,11 @@ def write_all(tree: SglangTree, old: dict[str, bytes], new: dict[str, bytes]) ->
                 failed_restore.append(rel)
         msg = f"writing {tree.root / todo[len(done)]} failed ({exc!r}); "
         if failed_restore:
-            msg += ("could NOT restore: " + ", ".join(failed_restore)
-                    + " -- run `sglang-spec patch check` and reinstall sglang")
+            msg += (
+                "could NOT restore: "
+                + ", ".join(failed_restore)
+                + " -- run `sglang-spec patch check` and reinstall sglang"
+            )
         else:
             msg += f"rolled back {len(done)} file(s); the tree is unchanged"
         raise PatchingError(msg) from exc
@@ -302,14 +331,19 @@ def _prepare(sglang_dir: str | None, patches_dir: Path | None):
     tree = locate(sglang_dir)
     version, source = detect_version(tree)
     ps = load_patch_set(patches_dir or default_patches_dir(), version)
-    head = [f"sglang {version} (read from {source})", f"tree: {tree.root} [{tree.how}]",
-            f"patch set: {ps.directory} ({len(ps.series)} patch(es), {len(ps.files)} file(s))"]
+    head = [
+        f"sglang {version} (read from {source})",
+        f"tree: {tree.root} [{tree.how}]",
+        f"patch set: {ps.directory} ({len(ps.series)} patch(es), {len(ps.files)} file(s))",
+    ]
     return tree, ps, head
 
 
 def _state_lines(st: TreeState, ps: PatchSet) -> list[str]:
-    return [f"  {st.per_file[rel]:>9}  {rel}  ({', '.join(ps.files[rel]['patches'])})"
-            for rel in sorted(ps.files)]
+    return [
+        f"  {st.per_file[rel]:>9}  {rel}  ({', '.join(ps.files[rel]['patches'])})"
+        for rel in sorted(ps.files)
+    ]
 
 
 def installed_state(sglang_dir: str | None = None, patches_dir: Path | None = None) -> str:
@@ -329,14 +363,23 @@ def _originals(st: TreeState, ps: PatchSet, verb: str, lines: list[str]) -> dict
     """The release's original bytes of every touched file, rebuilt in memory (patched files are
     reverted) and checked against the manifest; refuses a tree someone else modified."""
     if st.overall == FOREIGN:
-        raise PatchingError("\n".join(
-            lines + [f"refusing to {verb}: files differ from both the original and the patched "
-                     "release (sha256 mismatch); nothing was changed"] + _state_lines(st, ps)))
+        raise PatchingError(
+            "\n".join(
+                lines
+                + [
+                    f"refusing to {verb}: files differ from both the original and the patched "
+                    "release (sha256 mismatch); nothing was changed"
+                ]
+                + _state_lines(st, ps)
+            )
+        )
     patched_now = {rel for rel, s in st.per_file.items() if s == PATCHED}
     originals = reverted_contents(ps, st.contents, only=patched_now)
     for rel, h in ps.files.items():
         if sha256(originals[rel]) != h["original_sha256"]:
-            raise PatchingError(f"reverted {rel} does not match the original hash; nothing was changed")
+            raise PatchingError(
+                f"reverted {rel} does not match the original hash; nothing was changed"
+            )
     return originals
 
 
@@ -349,13 +392,17 @@ def apply(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Res
     new = patched_contents(ps, _originals(st, ps, "apply", lines))
     for rel, h in ps.files.items():
         if sha256(new[rel]) != h["patched_sha256"]:
-            raise PatchingError(f"patched {rel} does not match the manifest hash; nothing was changed")
+            raise PatchingError(
+                f"patched {rel} does not match the manifest hash; nothing was changed"
+            )
     changed = write_all(tree, st.contents, new)
     if st.overall == PARTIAL:
         lines.append("tree was partially applied; completed it")
     lines.append(f"applied {len(ps.series)} patch(es); rewrote {len(changed)} file(s):")
-    lines += [f"  {rel}  {ps.files[rel]['original_sha256'][:12]} -> {ps.files[rel]['patched_sha256'][:12]}"
-              for rel in changed]
+    lines += [
+        f"  {rel}  {ps.files[rel]['original_sha256'][:12]} -> {ps.files[rel]['patched_sha256'][:12]}"
+        for rel in changed
+    ]
     return Result(0, lines)
 
 

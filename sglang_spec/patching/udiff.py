@@ -28,9 +28,15 @@ class Hunk:
     old_lines: list[bytes] = field(default_factory=list)  # context + removed, with EOLs
     new_lines: list[bytes] = field(default_factory=list)  # context + added, with EOLs
 
-    def reversed(self) -> "Hunk":
-        return Hunk(self.new_start, self.new_len, self.old_start, self.old_len,
-                    list(self.new_lines), list(self.old_lines))
+    def reversed(self) -> Hunk:
+        return Hunk(
+            self.new_start,
+            self.new_len,
+            self.old_start,
+            self.old_len,
+            list(self.new_lines),
+            list(self.old_lines),
+        )
 
 
 @dataclass
@@ -38,7 +44,7 @@ class FilePatch:
     path: str  # relative to the directory that contains ``sglang/``
     hunks: list[Hunk]
 
-    def reversed(self) -> "FilePatch":
+    def reversed(self) -> FilePatch:
         return FilePatch(self.path, [h.reversed() for h in self.hunks])
 
 
@@ -47,7 +53,7 @@ def _clean_path(raw: bytes) -> str:
     # Accept git-style a/ b/ prefixes, but our own files use bare sglang/... paths.
     for prefix in ("a/", "b/"):
         if text.startswith(prefix + "sglang/"):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
     if text.startswith("/") or ".." in text.split("/"):
         raise PatchError(f"refusing unsafe path in patch: {text!r}")
     return text
@@ -83,14 +89,18 @@ def parse(data: bytes) -> list[FilePatch]:
             if not m:
                 raise PatchError(f"line {i + 1}: bad hunk header {lines[i][:60]!r}")
             h = Hunk(
-                int(m.group(1)), int(m.group(2)) if m.group(2) is not None else 1,
-                int(m.group(3)), int(m.group(4)) if m.group(4) is not None else 1,
+                int(m.group(1)),
+                int(m.group(2)) if m.group(2) is not None else 1,
+                int(m.group(3)),
+                int(m.group(4)) if m.group(4) is not None else 1,
             )
             i += 1
             seen_old = seen_new = 0
             last: list[list[bytes]] = []
-            while seen_old < h.old_len or seen_new < h.new_len or (
-                i < len(lines) and lines[i].startswith(b"\\")
+            while (
+                seen_old < h.old_len
+                or seen_new < h.new_len
+                or (i < len(lines) and lines[i].startswith(b"\\"))
             ):
                 if i >= len(lines):
                     raise PatchError(f"hunk at line {i}: truncated")
@@ -141,7 +151,7 @@ def apply(content: bytes, fp: FilePatch) -> bytes:
         start = h.old_start - 1 if h.old_len > 0 else h.old_start
         if start < pos:
             raise PatchError(f"{fp.path}: hunk {n} overlaps the previous one")
-        if src[start:start + h.old_len] != h.old_lines:
+        if src[start : start + h.old_len] != h.old_lines:
             raise PatchError(f"{fp.path}: hunk {n} (line {h.old_start}) does not match the file")
         out.extend(src[pos:start])
         out.extend(h.new_lines)

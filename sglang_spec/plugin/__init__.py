@@ -67,7 +67,7 @@ class DDTreeConfigError(ValueError):
 # --------------------------------------------------------------------------
 
 
-def parse_topk_env(budget: int, environ: Optional[dict] = None) -> int:
+def parse_topk_env(budget: int, environ: dict | None = None) -> int:
     """K per depth from ``SGLANG_DDTREE_TOPK`` (default: budget)."""
     environ = os.environ if environ is None else environ
     raw = environ.get(ENV_TOPK)
@@ -88,7 +88,7 @@ def parse_topk_env(budget: int, environ: Optional[dict] = None) -> int:
     return k
 
 
-def parse_tree_temperature_env(environ: Optional[dict] = None) -> float:
+def parse_tree_temperature_env(environ: dict | None = None) -> float:
     """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (default 1.0)."""
     from sglang_spec.tree import check_tree_temperature
 
@@ -131,7 +131,7 @@ def _real_record(server_args: Any) -> Any:
     return server_args
 
 
-def _load_drafter_block_size(cfg: Any) -> Optional[int]:
+def _load_drafter_block_size(cfg: Any) -> int | None:
     """Block size of the DFlash drafter config; raises a clear error if the
     drafter cannot be read (DFLASH silently falls back to 16 there)."""
     import json
@@ -166,7 +166,6 @@ def _load_drafter_block_size(cfg: Any) -> Optional[int]:
 # --------------------------------------------------------------------------
 
 
-
 def reserve_patch_applied() -> bool:
     """True when ``sglang-spec patch apply`` patched the installed SGLang (it lifts the 2N >= block limit)."""
     from sglang_spec.patching.core import APPLIED, PatchingError, installed_state
@@ -175,6 +174,7 @@ def reserve_patch_applied() -> bool:
         return installed_state() == APPLIED
     except PatchingError:
         return False
+
 
 def handle_server_args(server_args: Any) -> None:
     """Validate and resolve DDTREE settings; declare the resolved values.
@@ -332,8 +332,10 @@ def _refuse_unsupported_features(cfg: Any) -> None:
         raise DDTreeConfigError(f"DDTREE does not support {msg}.")
 
     if getattr(cfg, "speculative_use_rejection_sampling", False):
-        bad("--speculative-use-rejection-sampling (the tree is deterministic; "
-            "T>0 uses lossless sample-and-walk)")
+        bad(
+            "--speculative-use-rejection-sampling (the tree is deterministic; "
+            "T>0 uses lossless sample-and-walk)"
+        )
     if getattr(cfg, "speculative_use_block_verification", False):
         bad("--speculative-use-block-verification")
     for name in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
@@ -381,9 +383,7 @@ def _spec_block_size() -> int:
     return int(block)
 
 
-def get_num_tokens_per_req_for_target_verify(
-    num_draft_tokens: int, is_draft_worker: bool
-) -> int:
+def get_num_tokens_per_req_for_target_verify(num_draft_tokens: int, is_draft_worker: bool) -> int:
     """TARGET_VERIFY width: the drafter block for the draft runner, the
     verify width (1 + budget) for the target."""
     if is_draft_worker:
@@ -391,7 +391,7 @@ def get_num_tokens_per_req_for_target_verify(
     return int(num_draft_tokens)
 
 
-def resolve_max_speculative_num_draft_tokens(server_args: Any) -> Optional[int]:
+def resolve_max_speculative_num_draft_tokens(server_args: Any) -> int | None:
     """Largest TARGET_VERIFY width either runner uses: max(block, 1 + budget)."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
@@ -475,9 +475,7 @@ def _make_spec_class():
         def get_num_tokens_per_req_for_target_verify(
             self, num_draft_tokens: int, is_draft_worker: bool
         ) -> int:
-            return get_num_tokens_per_req_for_target_verify(
-                num_draft_tokens, is_draft_worker
-            )
+            return get_num_tokens_per_req_for_target_verify(num_draft_tokens, is_draft_worker)
 
         def get_platform_worker_cls(self):
             return None

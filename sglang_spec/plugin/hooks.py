@@ -16,8 +16,7 @@ import logging
 logger = logging.getLogger("sglang_spec.plugin")
 
 GET_SPEC_INFO_TARGET = (
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner."
-    "DecodeCudaGraphRunner.get_spec_info"
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 )
 
 _hooks_registered = False

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
-
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -48,7 +46,9 @@ logger = logging.getLogger("sglang_spec.plugin")
 # Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
 # Optional: needed only for a verify width below half the drafter block (patches/README.md).
-REQUIRED_PATCHES = ("patches/0.5.23/0001 (P3) dflash_info_v2 reserve 2*max(block, width): only if 2*width < block",)
+REQUIRED_PATCHES = (
+    "patches/0.5.23/0001 (P3) dflash_info_v2 reserve 2*max(block, width): only if 2*width < block",
+)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class DDTreeVerifyInput(EagleVerifyInput):
         return -1
 
 
-def _shard_info(lm_head) -> Tuple[int, int, int, int, int]:
+def _shard_info(lm_head) -> tuple[int, int, int, int, int]:
     shard = getattr(lm_head, "shard_indices", None)
     if shard is None:
         n = int(lm_head.weight.shape[0])
@@ -82,7 +82,7 @@ def _shard_info(lm_head) -> Tuple[int, int, int, int, int]:
     )
 
 
-def local_vocab_logits(hidden: torch.Tensor, lm_head) -> Tuple[torch.Tensor, torch.Tensor]:
+def local_vocab_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits of this rank's vocabulary shard and their global token ids.
 
     Padding rows of the shard are dropped; never materialises other shards.
@@ -109,7 +109,7 @@ def local_vocab_logits(hidden: torch.Tensor, lm_head) -> Tuple[torch.Tensor, tor
 
 def sharded_topk(
     hidden: torch.Tensor, lm_head, k: int, tp_group=None, temperature: float = 1.0
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k log-probabilities of the target head, TP-aware.
 
     hidden: [bs, L, H]; the log-probs are those of ``logits / temperature``
@@ -154,9 +154,9 @@ def build_verify_input(
     horizon: int,
     eagle_topk: int,
     mask_mode=None,
-    seq_lens_sum: Optional[int] = None,
-    mask_buffer: Optional[torch.Tensor] = None,
-    seq_lens_cpu: Optional[torch.Tensor] = None,
+    seq_lens_sum: int | None = None,
+    mask_buffer: torch.Tensor | None = None,
+    seq_lens_cpu: torch.Tensor | None = None,
 ) -> DDTreeVerifyInput:
     """SGLang tree ABI of a DraftTree, packed into a DDTreeVerifyInput.
 
@@ -414,21 +414,24 @@ class DDTreeWorker(DFlashWorkerV2):
             prefix_lens=prefix_lens,
         )
 
-    def topk_stage(self, draft_hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def topk_stage(self, draft_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-depth top-K of the drafter marginals q_1..q_L (block rows 1..B-1)
         through the target LM head, TP-aware (never gathers the vocabulary)."""
         from sglang.srt.lora.layers import unwrap_lora_layer
         from sglang.srt.speculative.spec_utils import draft_tp_context
 
-        lm_head = unwrap_lora_layer(
-            getattr(self.target_worker.model_runner.model, "lm_head", None)
-        )
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
         if lm_head is None or not hasattr(lm_head, "weight"):
             raise RuntimeError("DDTREE needs a dense target lm_head.")
         tp_group = get_parallel().tp_group if hasattr(lm_head, "shard_indices") else None
         with draft_tp_context(self.draft_parallel_layout):
-            return sharded_topk(draft_hidden[:, 1:, :], lm_head, self.topk_per_depth, tp_group,
-                                self.tree_temperature)
+            return sharded_topk(
+                draft_hidden[:, 1:, :],
+                lm_head,
+                self.topk_per_depth,
+                tp_group,
+                self.tree_temperature,
+            )
 
     def tree_stage(self, batch, logq, ids, root_tokens) -> DDTreeVerifyInput:
         """Best-first DDTree of `budget` nodes and its SGLang tree ABI, on the
@@ -539,9 +542,7 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         # Tree-aware: steps = accept_index[b, len-1] - b*n; reads the
         # pre-verify batch.seq_lens for the track interval.
-        commit_mamba_states_after_verify(
-            self.target_worker, batch, accept_lens, accept_index, n
-        )
+        commit_mamba_states_after_verify(self.target_worker, batch, accept_lens, accept_index, n)
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
         # KV move + predict / hidden-state compaction to the window front.

@@ -93,13 +93,19 @@ class _Clock:
 
 def _attention_cache_layers(cache):
     """The cache layers that hold attention K/V (the others are linear-attention states)."""
-    return [layer for layer in cache.layers if hasattr(layer, "keys") and not hasattr(layer, "recurrent_states")]
+    return [
+        layer
+        for layer in cache.layers
+        if hasattr(layer, "keys") and not hasattr(layer, "recurrent_states")
+    ]
 
 
 class _Decoder:
     """State of one generation: the target's cache, the drafter's context cache, the sampler."""
 
-    def __init__(self, target, drafter, method, budget, tree_temperature, temperature, top_p, top_k, seed):
+    def __init__(
+        self, target, drafter, method, budget, tree_temperature, temperature, top_p, top_k, seed
+    ):
         self.target, self.drafter, self.method, self.budget = target, drafter, method, budget
         self.tree_temperature = tree_temperature
         self.sampling = (temperature, top_p, top_k)
@@ -122,7 +128,9 @@ class _Decoder:
         if self.drafter is not None:
             self.dcache = self.drafter.new_cache(1)
             features = self.drafter.select_features(out.hidden_states)
-            self.drafter.append_context(self.dcache, features, torch.arange(self.seq_len, device=input_ids.device)[None])
+            self.drafter.append_context(
+                self.dcache, features, torch.arange(self.seq_len, device=input_ids.device)[None]
+            )
         return int(self._choose(out.logits[:, -1:])[0, 0])
 
     def ar_step(self, root: int) -> list[int]:
@@ -135,7 +143,9 @@ class _Decoder:
 
     def draft(self, root: int) -> torch.Tensor:
         dev = self.target.device
-        return self.drafter.draft_logits(self.dcache, torch.tensor([root], device=dev), torch.tensor([self.seq_len], device=dev))
+        return self.drafter.draft_logits(
+            self.dcache, torch.tensor([root], device=dev), torch.tensor([self.seq_len], device=dev)
+        )
 
     def tree(self, draft_logits: torch.Tensor, root: int) -> DraftTree:
         roots = torch.tensor([root], device=draft_logits.device)
@@ -148,9 +158,15 @@ class _Decoder:
         N = tree.width
         dtype = self.target.dtype
         visible = torch.cat(
-            (torch.ones(1, N, self.seq_len, dtype=torch.bool, device=tree.tokens.device), ancestor_mask(tree)), dim=2
+            (
+                torch.ones(1, N, self.seq_len, dtype=torch.bool, device=tree.tokens.device),
+                ancestor_mask(tree),
+            ),
+            dim=2,
         )
-        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+            ~visible, torch.finfo(dtype).min
+        )
         positions = tree_positions(tree, torch.tensor([self.seq_len], device=tree.tokens.device))
         with GDNTreeVerifier(self.target, tree.parents) as gdn:
             out = self.target(
@@ -169,7 +185,9 @@ class _Decoder:
             return walk_greedy(tree, logits.argmax(dim=-1))
         return walk_sample(tree, logits, temperature, top_p, top_k, self.generator)
 
-    def commit(self, tree: DraftTree, walk: WalkResult, hidden_states, gdn: GDNTreeVerifier) -> list[int]:
+    def commit(
+        self, tree: DraftTree, walk: WalkResult, hidden_states, gdn: GDNTreeVerifier
+    ) -> list[int]:
         path = walk.accepted[0, : int(walk.accept_len[0]) + 1]  # node indices, root first
         keep = torch.cat((torch.arange(self.seq_len, device=path.device), self.seq_len + path))
         for layer in _attention_cache_layers(self.cache):  # KV compaction of the accepted path
@@ -177,7 +195,11 @@ class _Decoder:
             layer.values = layer.values.index_select(-2, keep)
         gdn.commit(self.cache, path[-1:])
         features = self.drafter.select_features(hidden_states)[:, path]
-        self.drafter.append_context(self.dcache, features, (self.seq_len + torch.arange(len(path), device=path.device))[None])
+        self.drafter.append_context(
+            self.dcache,
+            features,
+            (self.seq_len + torch.arange(len(path), device=path.device))[None],
+        )
         self.seq_len += len(path)
         return tree.tokens[0, path[1:]].tolist() + [int(walk.bonus[0])]
 
@@ -195,21 +217,37 @@ class _Decoder:
         return emitted, int(walk.accept_len[0]), int(tree.num_nodes[0])
 
 
-def _check_args(target, drafter, input_ids, method, budget, tree_temperature, max_new_tokens, temperature, top_p,
-                top_k):
+def _check_args(
+    target,
+    drafter,
+    input_ids,
+    method,
+    budget,
+    tree_temperature,
+    max_new_tokens,
+    temperature,
+    top_p,
+    top_k,
+):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     if method != "ar" and drafter is None:
         raise ValueError(f"method {method!r} needs a DFlash drafter; got drafter=None")
-    if method == "ddtree" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+    if method == "ddtree" and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
         raise ValueError(f"budget must be an integer >= 1 for ddtree; got {budget!r}")
     check_tree_temperature(tree_temperature)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError(f"input_ids must be [1, T] with T >= 1 (batch size 1); got shape {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"input_ids must be [1, T] with T >= 1 (batch size 1); got shape {tuple(input_ids.shape)}"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
     if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1; got temperature={temperature}, top_p={top_p}")
+        raise ValueError(
+            f"need temperature >= 0 and 0 < top_p <= 1; got temperature={temperature}, top_p={top_p}"
+        )
     if isinstance(top_k, bool) or not isinstance(top_k, int):
         raise ValueError(f"top_k must be an integer (<= 0 disables it); got {top_k!r}")
 
@@ -238,10 +276,29 @@ def generate(
     tokens at ``temperature = 0`` and exact target samples otherwise. Generation stops after a token
     in ``stop_token_ids`` (which is kept) or at ``max_new_tokens``.
     """
-    _check_args(target, drafter, input_ids, method, budget, tree_temperature, max_new_tokens, temperature, top_p,
-                top_k)
-    dec = _Decoder(target, drafter if method != "ar" else None, method, budget, tree_temperature, temperature, top_p,
-                   top_k, seed)
+    _check_args(
+        target,
+        drafter,
+        input_ids,
+        method,
+        budget,
+        tree_temperature,
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+    )
+    dec = _Decoder(
+        target,
+        drafter if method != "ar" else None,
+        method,
+        budget,
+        tree_temperature,
+        temperature,
+        top_p,
+        top_k,
+        seed,
+    )
     stops = {int(t) for t in stop_token_ids}
     t0 = time.perf_counter()
     tokens = [dec.prefill(input_ids.to(target.device))]

@@ -98,7 +98,9 @@ def load_config(name_or_path: str | Path, config_dir: Path | None = None) -> Ser
         raise ConfigError(f"{path}: 'args' must be a non-empty mapping")
     for reserved in _RESERVED_ARGS:
         if reserved in args:
-            raise ConfigError(f"{path}: '{reserved}' is set by `sglang-spec serve`, not by the config")
+            raise ConfigError(
+                f"{path}: '{reserved}' is set by `sglang-spec serve`, not by the config"
+            )
     if "model-path" not in args:
         raise ConfigError(f"{path}: args must contain model-path")
     algorithm = str(raw.get("algorithm", "")).upper()

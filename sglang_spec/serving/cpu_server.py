@@ -52,9 +52,10 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from aiohttp import web
 
@@ -76,7 +77,9 @@ class ByteCodec:
         return bytes(i & 0xFF for i in ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        text = "".join(f"{m.get('role', 'user')}: {_content_text(m.get('content'))}\n" for m in messages)
+        text = "".join(
+            f"{m.get('role', 'user')}: {_content_text(m.get('content'))}\n" for m in messages
+        )
         return self.encode(text + "assistant: ")
 
 
@@ -100,9 +103,16 @@ class HFTokenizerCodec:
         return self.tok.decode(ids, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict], **kwargs) -> list[int]:
-        msgs = [{"role": m.get("role", "user"), "content": _content_text(m.get("content"))} for m in messages]
-        out = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                           **{**self.chat_template_kwargs, **kwargs})
+        msgs = [
+            {"role": m.get("role", "user"), "content": _content_text(m.get("content"))}
+            for m in messages
+        ]
+        out = self.tok.apply_chat_template(
+            msgs,
+            add_generation_prompt=True,
+            tokenize=True,
+            **{**self.chat_template_kwargs, **kwargs},
+        )
         # transformers 5 returns a BatchEncoding (a mapping that is not a dict) for tokenize=True
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
@@ -113,7 +123,9 @@ def _server_error(e: Exception) -> dict:
 
 
 def _bad_request(e: Exception) -> web.Response:
-    return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": 400}}, status=400)
+    return web.json_response(
+        {"error": {"message": str(e), "type": "invalid_request_error", "code": 400}}, status=400
+    )
 
 
 def _sse(obj: dict) -> bytes:
@@ -121,12 +133,16 @@ def _sse(obj: dict) -> bytes:
 
 
 async def _open_sse(request) -> web.StreamResponse:
-    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    resp = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await resp.prepare(request)
     return resp
 
 
-async def _close_sse(resp: web.StreamResponse, error: Exception | None = None) -> web.StreamResponse:
+async def _close_sse(
+    resp: web.StreamResponse, error: Exception | None = None
+) -> web.StreamResponse:
     """End a stream as SGLang does: the error chunk (if the engine failed), then ``[DONE]``."""
     if error is not None:
         await resp.write(_sse(_server_error(error)))
@@ -157,18 +173,32 @@ class ToyEngine:
         self.k = max(1, int(k))
         self.step_s = float(step_ms) / 1000.0
         self.speculative_algorithm = None if self.k == 1 and draft_tokens is None else "TOY"
-        self.num_draft_tokens = int(draft_tokens) if draft_tokens else (self.k if self.k > 1 else None)
+        self.num_draft_tokens = (
+            int(draft_tokens) if draft_tokens else (self.k if self.k > 1 else None)
+        )
         self.name = f"toy(k={self.k})"
 
-    def generate(self, input_ids, *, max_new_tokens, temperature=0.0, top_p=1.0, top_k=-1, seed=None,
-                 stop_token_ids=()):
+    def generate(
+        self,
+        input_ids,
+        *,
+        max_new_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=-1,
+        seed=None,
+        stop_token_ids=(),
+    ):
         base = sum(input_ids)
         j = 0
         while j < max_new_tokens:
             if self.step_s:
                 time.sleep(self.step_s)
             n = min(self.k, max_new_tokens - j)
-            yield [self.TEXT[(base + j + i) % len(self.TEXT)] for i in range(n)], {"num_accepted_drafts": n - 1}
+            yield (
+                [self.TEXT[(base + j + i) % len(self.TEXT)] for i in range(n)],
+                {"num_accepted_drafts": n - 1},
+            )
             j += n
 
 
@@ -183,22 +213,48 @@ class ResultReplayEngine:
     replay, not the decoder: use it for demos and correctness, not for latency numbers.
     """
 
-    def __init__(self, fn, *, speculative_algorithm: str | None = "DDTREE", num_draft_tokens: int | None = None,
-                 name: str = "reference"):
+    def __init__(
+        self,
+        fn,
+        *,
+        speculative_algorithm: str | None = "DDTREE",
+        num_draft_tokens: int | None = None,
+        name: str = "reference",
+    ):
         self.fn, self.speculative_algorithm, self.num_draft_tokens, self.name = (
-            fn, speculative_algorithm, num_draft_tokens, name)
+            fn,
+            speculative_algorithm,
+            num_draft_tokens,
+            name,
+        )
 
-    def generate(self, input_ids, *, max_new_tokens, temperature=0.0, top_p=1.0, top_k=-1, seed=None,
-                 stop_token_ids=()):
-        res = self.fn(list(input_ids), max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                      top_k=top_k, seed=0 if seed is None else seed, stop_token_ids=list(stop_token_ids))
+    def generate(
+        self,
+        input_ids,
+        *,
+        max_new_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=-1,
+        seed=None,
+        stop_token_ids=(),
+    ):
+        res = self.fn(
+            list(input_ids),
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=0 if seed is None else seed,
+            stop_token_ids=list(stop_token_ids),
+        )
         tokens = [int(t) for t in res.tokens]
         if not tokens:
             return
         yield tokens[:1], {"verify": False}
         pos = 1
         for st in res.steps:
-            chunk = tokens[pos: pos + int(st.emitted)]
+            chunk = tokens[pos : pos + int(st.emitted)]
             if not chunk:
                 break
             yield chunk, {"num_accepted_drafts": int(st.accepted)}
@@ -215,8 +271,16 @@ class _BadRequest(Exception):
 class CPUServer:
     """The aiohttp application and its bookkeeping. Use :func:`serve_in_thread` or :func:`run`."""
 
-    def __init__(self, engine, codec=None, *, model_name: str = "cpu-demo", max_running_requests: int = 8,
-                 parallel_steps: bool = False, history: int = 100_000):
+    def __init__(
+        self,
+        engine,
+        codec=None,
+        *,
+        model_name: str = "cpu-demo",
+        max_running_requests: int = 8,
+        parallel_steps: bool = False,
+        history: int = 100_000,
+    ):
         self.engine = engine
         self.codec = codec or ByteCodec()
         self.model_name = model_name
@@ -224,14 +288,18 @@ class CPUServer:
         self.spec_algorithm = getattr(engine, "speculative_algorithm", None)
         self.num_draft_tokens = getattr(engine, "num_draft_tokens", None)
         self._step_lock = None if parallel_steps else threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=self.max_running_requests, thread_name_prefix="engine")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.max_running_requests, thread_name_prefix="engine"
+        )
         self._admit: asyncio.Semaphore | None = None
         self.num_running = 0
         self.num_requests = 0
         self.spec_accept_tokens = 0  # since start / last flush (avg_spec_accept_length numerator)
         self.spec_verify_steps = 0
         self.total_completion_tokens = 0  # lifetime, for tests and /server_info
-        self.completed: deque[dict] = deque(maxlen=history)  # per finished request: id, tokens, steps
+        self.completed: deque[dict] = deque(
+            maxlen=history
+        )  # per finished request: id, tokens, steps
         self.started = time.time()
 
     # --- app
@@ -262,12 +330,28 @@ class CPUServer:
         return web.Response(status=200)
 
     async def handle_models(self, request):
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": int(self.started), "owned_by": "sglang-spec"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": int(self.started),
+                        "owned_by": "sglang-spec",
+                    }
+                ],
+            }
+        )
 
     async def handle_model_info(self, request):
-        return web.json_response({"model_path": self.model_name, "tokenizer_path": getattr(self.codec, "name", None),
-                                  "is_generation": True})
+        return web.json_response(
+            {
+                "model_path": self.model_name,
+                "tokenizer_path": getattr(self.codec, "name", None),
+                "is_generation": True,
+            }
+        )
 
     def avg_spec_accept_length(self) -> float | None:
         if self.spec_algorithm is None or self.spec_verify_steps <= 0:
@@ -275,28 +359,34 @@ class CPUServer:
         return self.spec_accept_tokens / self.spec_verify_steps
 
     async def handle_server_info(self, request):
-        return web.json_response({
-            "model_path": self.model_name,
-            "served_model_name": self.model_name,
-            "speculative_algorithm": self.spec_algorithm,
-            "speculative_num_draft_tokens": self.num_draft_tokens,
-            "max_running_requests": self.max_running_requests,
-            "engine": getattr(self.engine, "name", type(self.engine).__name__),
-            "tokenizer": getattr(self.codec, "name", None),
-            "internal_states": [{
-                "avg_spec_accept_length": self.avg_spec_accept_length(),
-                "num_running_reqs": self.num_running,
-                "total_requests": self.num_requests,
-                "total_completion_tokens": self.total_completion_tokens,
-            }],
-            "version": "sglang-spec cpu demo server (not SGLang)",
-            "frontend": "sglang_spec.serving.cpu_server",
-            "startup_time": self.started,
-        })
+        return web.json_response(
+            {
+                "model_path": self.model_name,
+                "served_model_name": self.model_name,
+                "speculative_algorithm": self.spec_algorithm,
+                "speculative_num_draft_tokens": self.num_draft_tokens,
+                "max_running_requests": self.max_running_requests,
+                "engine": getattr(self.engine, "name", type(self.engine).__name__),
+                "tokenizer": getattr(self.codec, "name", None),
+                "internal_states": [
+                    {
+                        "avg_spec_accept_length": self.avg_spec_accept_length(),
+                        "num_running_reqs": self.num_running,
+                        "total_requests": self.num_requests,
+                        "total_completion_tokens": self.total_completion_tokens,
+                    }
+                ],
+                "version": "sglang-spec cpu demo server (not SGLang)",
+                "frontend": "sglang_spec.serving.cpu_server",
+                "startup_time": self.started,
+            }
+        )
 
     async def handle_flush(self, request):
         if self.num_running:
-            return web.Response(status=400, text="Flush cache failed: there are running requests.\n")
+            return web.Response(
+                status=400, text="Flush cache failed: there are running requests.\n"
+            )
         self.spec_accept_tokens = 0
         self.spec_verify_steps = 0
         return web.Response(status=200, text="Cache flushed.\n")
@@ -317,7 +407,9 @@ class CPUServer:
             mnt = int(max_new_tokens if max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS)
             out = {
                 "max_new_tokens": mnt,
-                "temperature": float(sp.get("temperature", 1.0) if sp.get("temperature") is not None else 1.0),
+                "temperature": float(
+                    sp.get("temperature", 1.0) if sp.get("temperature") is not None else 1.0
+                ),
                 "top_p": float(sp.get("top_p", 1.0) if sp.get("top_p") is not None else 1.0),
                 "top_k": int(sp.get("top_k", -1) if sp.get("top_k") is not None else -1),
                 "seed": sp.get("sampling_seed", sp.get("seed")),
@@ -351,9 +443,17 @@ class CPUServer:
         if mnt == 0:
             yield out, {"type": "length", "length": 0}, stats
             return
-        it = iter(self.engine.generate(list(input_ids), max_new_tokens=mnt, temperature=sampling["temperature"],
-                                       top_p=sampling["top_p"], top_k=sampling["top_k"], seed=sampling["seed"],
-                                       stop_token_ids=sorted(stops)))
+        it = iter(
+            self.engine.generate(
+                list(input_ids),
+                max_new_tokens=mnt,
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                top_k=sampling["top_k"],
+                seed=sampling["seed"],
+                stop_token_ids=sorted(stops),
+            )
+        )
         try:
             while finish is None:  # bounded: every step adds >= 1 token or ends the request
                 item = await loop.run_in_executor(self._executor, self._next_step, it)
@@ -366,7 +466,9 @@ class CPUServer:
                 if not toks:
                     raise RuntimeError("engine step committed no tokens")
                 step_stats = step_stats or {}
-                is_verify = step_stats.get("verify", True)  # False: e.g. the prefill's token, not a verify step
+                is_verify = step_stats.get(
+                    "verify", True
+                )  # False: e.g. the prefill's token, not a verify step
                 if is_verify:
                     stats["verify_ct"] += 1
                 accepted = step_stats.get("num_accepted_drafts", len(toks) - 1)
@@ -394,8 +496,13 @@ class CPUServer:
                 await loop.run_in_executor(self._executor, close)
 
     def _meta(self, rid, prompt_len, out, finish, stats, final: bool) -> dict:
-        meta = {"id": rid, "finish_reason": finish if final else None, "prompt_tokens": prompt_len,
-                "completion_tokens": len(out), "cached_tokens": 0}
+        meta = {
+            "id": rid,
+            "finish_reason": finish if final else None,
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+        }
         if final:
             meta["e2e_latency"] = time.perf_counter() - stats["t0"]
             if self.spec_algorithm is not None and stats["verify_ct"] > 0:
@@ -408,17 +515,28 @@ class CPUServer:
                     meta["spec_num_proposed_drafts"] = proposed
                     meta["spec_accept_rate"] = stats["correct"] / proposed
                 hmax = max(stats["hist"]) if stats["hist"] else 0
-                meta["spec_correct_drafts_histogram"] = [stats["hist"].get(i, 0) for i in range(hmax + 1)]
+                meta["spec_correct_drafts_histogram"] = [
+                    stats["hist"].get(i, 0) for i in range(hmax + 1)
+                ]
         return meta
 
     def _finish_record(self, rid, prompt_len, out, stats, api):
         self.total_completion_tokens += len(out)
-        self.completed.append({"id": rid, "api": api, "prompt_tokens": prompt_len, "completion_tokens": len(out),
-                               "spec_verify_ct": stats["verify_ct"]})
+        self.completed.append(
+            {
+                "id": rid,
+                "api": api,
+                "prompt_tokens": prompt_len,
+                "completion_tokens": len(out),
+                "spec_verify_ct": stats["verify_ct"],
+            }
+        )
 
     def _text(self, ids: list[int], finish) -> str:
         if finish and finish.get("type") == "stop" and finish.get("matched") is not None and ids:
-            ids = ids[:-1]  # the matched stop token is counted but not shown, like skip_special_tokens
+            ids = ids[
+                :-1
+            ]  # the matched stop token is counted but not shown, like skip_special_tokens
         return self.codec.decode(ids)
 
     @contextmanager
@@ -434,7 +552,9 @@ class CPUServer:
     async def handle_generate(self, request):
         try:
             body = await self._json(request)
-            if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
+            if isinstance(body.get("text"), list) or (
+                body.get("input_ids") and isinstance(body["input_ids"][0], list)
+            ):
                 raise _BadRequest("batched requests are not supported by the CPU demo server")
             if body.get("input_ids") is not None:
                 input_ids = [int(t) for t in body["input_ids"]]
@@ -462,8 +582,13 @@ class CPUServer:
         except Exception as e:  # engine failure -> HTTP 500, the server keeps serving
             return web.json_response(_server_error(e), status=500)
         self._finish_record(rid, len(input_ids), out, stats, "generate")
-        return web.json_response({"text": self._text(out, finish), "output_ids": list(out),
-                                  "meta_info": self._meta(rid, len(input_ids), out, finish, stats, True)})
+        return web.json_response(
+            {
+                "text": self._text(out, finish),
+                "output_ids": list(out),
+                "meta_info": self._meta(rid, len(input_ids), out, finish, stats, True),
+            }
+        )
 
     async def _generate_stream(self, request, rid, input_ids, sampling):
         resp = await _open_sse(request)
@@ -472,8 +597,11 @@ class CPUServer:
             async with aclosing(self._run(rid, input_ids, sampling)) as steps:
                 async for out, finish, stats in steps:
                     final = finish is not None
-                    chunk = {"text": self._text(out, finish), "output_ids": list(out),
-                             "meta_info": self._meta(rid, len(input_ids), out, finish, stats, final)}
+                    chunk = {
+                        "text": self._text(out, finish),
+                        "output_ids": list(out),
+                        "meta_info": self._meta(rid, len(input_ids), out, finish, stats, final),
+                    }
                     await resp.write(_sse(chunk))
             self._finish_record(rid, len(input_ids), out, stats, "generate")
         except (ConnectionResetError, asyncio.CancelledError):
@@ -490,8 +618,11 @@ class CPUServer:
             if not isinstance(messages, list) or not messages:
                 raise _BadRequest("'messages' must be a non-empty list")
             kwargs = body.get("chat_template_kwargs") or {}
-            input_ids = (self.codec.apply_chat_template(messages, **kwargs) if kwargs
-                         else self.codec.apply_chat_template(messages))
+            input_ids = (
+                self.codec.apply_chat_template(messages, **kwargs)
+                if kwargs
+                else self.codec.apply_chat_template(messages)
+            )
             mnt = body.get("max_completion_tokens", body.get("max_tokens"))
             sampling = self._sampling(body, mnt)
         except (_BadRequest, TypeError, ValueError) as e:
@@ -512,8 +643,14 @@ class CPUServer:
     def _spec_details(self, meta: dict) -> dict | None:
         if "spec_verify_ct" not in meta:
             return None
-        keys = ("spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts", "spec_num_proposed_drafts",
-                "spec_verify_ct", "spec_correct_drafts_histogram")
+        keys = (
+            "spec_accept_rate",
+            "spec_accept_length",
+            "spec_num_correct_drafts",
+            "spec_num_proposed_drafts",
+            "spec_verify_ct",
+            "spec_correct_drafts_histogram",
+        )
         return {k: meta[k] for k in keys if k in meta}
 
     async def _chat_once(self, body, rid, input_ids, sampling):
@@ -526,11 +663,25 @@ class CPUServer:
             return web.json_response(_server_error(e), status=500)
         self._finish_record(rid, len(input_ids), out, stats, "chat")
         meta = self._meta(rid, len(input_ids), out, finish, stats, True)
-        resp = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": self._text(out, finish)},
-                             "finish_reason": self._oai_finish(finish), "meta_info": meta}],
-                "usage": {"prompt_tokens": len(input_ids), "completion_tokens": len(out),
-                          "total_tokens": len(input_ids) + len(out)}}
+        resp = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self._text(out, finish)},
+                    "finish_reason": self._oai_finish(finish),
+                    "meta_info": meta,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(input_ids),
+                "completion_tokens": len(out),
+                "total_tokens": len(input_ids) + len(out),
+            },
+        }
         if body.get("return_spec_tokens_details") and self._spec_details(meta):
             resp["sglext"] = {"spec_tokens_details": self._spec_details(meta)}
         return web.json_response(resp)
@@ -540,10 +691,21 @@ class CPUServer:
         created = int(time.time())
 
         def chunk(delta=None, finish_reason=None, **extra):
-            choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                                                 "logprobs": None}]
-            d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                 "choices": choices, **extra}
+            choices = (
+                []
+                if delta is None
+                else [
+                    {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+                ]
+            )
+            d = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model_name,
+                "choices": choices,
+                **extra,
+            }
             return _sse(d)
 
         opts = body.get("stream_options") or {}
@@ -553,7 +715,7 @@ class CPUServer:
             async with aclosing(self._run(rid, input_ids, sampling)) as steps:
                 async for out, finish, stats in steps:
                     text = self._text(out, finish)
-                    delta, sent = text[len(sent):], text
+                    delta, sent = text[len(sent) :], text
                     if delta:
                         await resp.write(chunk({"content": delta}))
             self._finish_record(rid, len(input_ids), out, stats, "chat")
@@ -563,8 +725,16 @@ class CPUServer:
             if body.get("return_spec_tokens_details") and details:
                 await resp.write(chunk(None, sglext={"spec_tokens_details": details}))
             if opts.get("include_usage"):
-                await resp.write(chunk(None, usage={"prompt_tokens": len(input_ids), "completion_tokens": len(out),
-                                                    "total_tokens": len(input_ids) + len(out)}))
+                await resp.write(
+                    chunk(
+                        None,
+                        usage={
+                            "prompt_tokens": len(input_ids),
+                            "completion_tokens": len(out),
+                            "total_tokens": len(input_ids) + len(out),
+                        },
+                    )
+                )
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:
@@ -619,7 +789,7 @@ class ThreadedServer:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 
-    def start(self, timeout: float = 10.0) -> "ThreadedServer":
+    def start(self, timeout: float = 10.0) -> ThreadedServer:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError("cpu server did not start")
@@ -663,20 +833,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "CPU demo/test server with SGLang's HTTP API over a pluggable engine (not a production engine)."
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address")
-    parser.add_argument("--engine", default="toy", help="'toy' (default) or 'package.module:factory'")
-    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for the engine factory (repeatable); toy: k, step_ms, draft_tokens")
-    parser.add_argument("--tokenizer", default=None, help="HF tokenizer path/name (default: byte codec, no model)")
-    parser.add_argument("--model-name", default=None, help="served model name (default: engine name)")
+    parser.add_argument(
+        "--allow-remote", action="store_true", help="allow binding a non-loopback address"
+    )
+    parser.add_argument(
+        "--engine", default="toy", help="'toy' (default) or 'package.module:factory'"
+    )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the engine factory (repeatable); toy: k, step_ms, draft_tokens",
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="HF tokenizer path/name (default: byte codec, no model)"
+    )
+    parser.add_argument(
+        "--model-name", default=None, help="served model name (default: engine name)"
+    )
     parser.add_argument("--max-running-requests", type=int, default=8)
-    parser.add_argument("--parallel-steps", action="store_true",
-                        help="run engine steps of different requests concurrently (engine must be thread-safe)")
+    parser.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="run engine steps of different requests concurrently (engine must be thread-safe)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.allow_remote:
-        print(f"cpu-server: refusing to bind non-loopback host {args.host!r} without --allow-remote", file=sys.stderr)
+        print(
+            f"cpu-server: refusing to bind non-loopback host {args.host!r} without --allow-remote",
+            file=sys.stderr,
+        )
         return 2
     kw = {}
     for item in args.engine_arg:
@@ -687,10 +876,19 @@ def run(args: argparse.Namespace) -> int:
         kw[k] = v
     engine = load_engine(args.engine, kw)
     codec = HFTokenizerCodec(args.tokenizer) if args.tokenizer else ByteCodec()
-    server = CPUServer(engine, codec, model_name=args.model_name or getattr(engine, "name", "cpu-demo"),
-                       max_running_requests=args.max_running_requests, parallel_steps=args.parallel_steps)
-    print(f"cpu-server: {server.model_name} (speculative={server.spec_algorithm}) on http://{args.host}:{args.port}"
-          " -- CPU demo/test server, not a production engine", file=sys.stderr, flush=True)
+    server = CPUServer(
+        engine,
+        codec,
+        model_name=args.model_name or getattr(engine, "name", "cpu-demo"),
+        max_running_requests=args.max_running_requests,
+        parallel_steps=args.parallel_steps,
+    )
+    print(
+        f"cpu-server: {server.model_name} (speculative={server.spec_algorithm}) on http://{args.host}:{args.port}"
+        " -- CPU demo/test server, not a production engine",
+        file=sys.stderr,
+        flush=True,
+    )
     web.run_app(server.make_app(), host=args.host, port=args.port, access_log=None, print=None)
     return 0
 

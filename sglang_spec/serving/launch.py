@@ -35,29 +35,60 @@ _SPINNER = "|/-\\"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="config name in server_configs/ (e.g. qwen3-8b-dflash) or a YAML path")
-    parser.add_argument("extra", nargs=argparse.REMAINDER,
-                        help="our options, then '--' and extra flags appended to the SGLang command")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help="config name in server_configs/ (e.g. qwen3-8b-dflash) or a YAML path",
+    )
+    parser.add_argument(
+        "extra",
+        nargs=argparse.REMAINDER,
+        help="our options, then '--' and extra flags appended to the SGLang command",
+    )
     _add_options(parser)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the known configs and exit")
-    parser.add_argument("--dry-run", action="store_true", help="print the command (and environment) and exit")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address passed to SGLang (default: 127.0.0.1)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the command (and environment) and exit"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address passed to SGLang (default: 127.0.0.1)"
+    )
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for /health (default 1800)")
-    parser.add_argument("--stop-timeout", type=float, default=30.0, help="grace seconds per stop signal (default 30)")
-    parser.add_argument("--log-file", default=None, help="server log (default: serve_logs/<name>-<time>.log)")
-    parser.add_argument("--log-tail", type=int, default=80, help="log lines shown on failure (default 80)")
+    parser.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds to wait for /health (default 1800)"
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        help="grace seconds per stop signal (default 30)",
+    )
+    parser.add_argument(
+        "--log-file", default=None, help="server log (default: serve_logs/<name>-<time>.log)"
+    )
+    parser.add_argument(
+        "--log-tail", type=int, default=80, help="log lines shown on failure (default 80)"
+    )
     parser.add_argument("--follow", action="store_true", help="echo the server log while it runs")
-    parser.add_argument("--then", default=None, metavar="CMD",
-                        help="once healthy, run CMD (bash -c; $SGLANG_URL is set), then stop the server; exit with its code")
-    parser.add_argument("--launcher", default=DEFAULT_LAUNCHER,
-                        help="command prefix ({python} = this interpreter); default: %(default)s")
+    parser.add_argument(
+        "--then",
+        default=None,
+        metavar="CMD",
+        help="once healthy, run CMD (bash -c; $SGLANG_URL is set), then stop the server; exit with its code",
+    )
+    parser.add_argument(
+        "--launcher",
+        default=DEFAULT_LAUNCHER,
+        help="command prefix ({python} = this interpreter); default: %(default)s",
+    )
 
 
-def build_command(cfg, host: str, port: int, extra: list[str] | None = None, launcher: str = DEFAULT_LAUNCHER) -> list[str]:
+def build_command(
+    cfg, host: str, port: int, extra: list[str] | None = None, launcher: str = DEFAULT_LAUNCHER
+) -> list[str]:
     prefix = [part.replace("{python}", sys.executable) for part in shlex.split(launcher)]
     return [*prefix, *cfg.argv(), "--host", host, "--port", str(port), *(extra or [])]
 
@@ -96,12 +127,15 @@ def _split_extra(args: argparse.Namespace) -> list[str]:
     extra = list(args.extra or [])
     if "--" in extra:
         cut = extra.index("--")
-        ours, theirs = extra[:cut], extra[cut + 1:]
+        ours, theirs = extra[:cut], extra[cut + 1 :]
     else:
         ours, theirs = extra, []
     if ours:
-        p = argparse.ArgumentParser(prog="sglang-spec serve CONFIG", argument_default=argparse.SUPPRESS,
-                                    epilog="SGLang flags go after '--'.")
+        p = argparse.ArgumentParser(
+            prog="sglang-spec serve CONFIG",
+            argument_default=argparse.SUPPRESS,
+            epilog="SGLang flags go after '--'.",
+        )
         _add_options(p)
         vars(args).update(vars(p.parse_args(ours)))
     return theirs
@@ -117,7 +151,9 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((_probe_host(host), port)) == 0
 
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never route loopback via *_proxy
+_DIRECT = urllib.request.build_opener(
+    urllib.request.ProxyHandler({})
+)  # never route loopback via *_proxy
 
 
 def health_ok(url: str, timeout: float = 2.0) -> bool:
@@ -153,7 +189,10 @@ def stop_process_group(proc: subprocess.Popen, grace: float, out=sys.stderr) -> 
             proc.wait(timeout=grace if sig != signal.SIGKILL else 10)
             break
         except subprocess.TimeoutExpired:
-            print(f"[serve] server still running after {signal.Signals(sig).name}; escalating", file=out)
+            print(
+                f"[serve] server still running after {signal.Signals(sig).name}; escalating",
+                file=out,
+            )
     # Children that ignored the leader's exit (e.g. scheduler subprocesses) share the group.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -220,7 +259,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if port_in_use(args.host, args.port):
-        print(f"[serve] port {args.port} is already in use; stop that server or pass --port", file=sys.stderr)
+        print(
+            f"[serve] port {args.port} is already in use; stop that server or pass --port",
+            file=sys.stderr,
+        )
         return 2
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -243,8 +285,14 @@ def run(args: argparse.Namespace) -> int:
     proc = None
     follower = _Follower(log_path) if args.follow else None
     try:
-        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         print(f"[serve] pid {proc.pid}", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         deadline = t0 + args.timeout
@@ -261,16 +309,26 @@ def run(args: argparse.Namespace) -> int:
             if follower:
                 follower.pump()
             last = (tail(log_path, 1) or [""])[0].strip()
-            _progress(f"[serve] waiting for {url}/health {_SPINNER[i % 4]} {time.monotonic() - t0:5.0f}s  {last}", tty, state)
+            _progress(
+                f"[serve] waiting for {url}/health {_SPINNER[i % 4]} {time.monotonic() - t0:5.0f}s  {last}",
+                tty,
+                state,
+            )
             i += 1
             time.sleep(0.5)
         if tty:
             sys.stderr.write("\n")
         if not ready:
             if proc.poll() is not None:
-                print(f"[serve] server exited with code {proc.returncode} before becoming healthy", file=sys.stderr)
+                print(
+                    f"[serve] server exited with code {proc.returncode} before becoming healthy",
+                    file=sys.stderr,
+                )
             else:
-                print(f"[serve] /health not ready after {args.timeout:.0f}s; stopping the server", file=sys.stderr)
+                print(
+                    f"[serve] /health not ready after {args.timeout:.0f}s; stopping the server",
+                    file=sys.stderr,
+                )
                 stop_process_group(proc, args.stop_timeout)
             _print_tail(log_path, args.log_tail)
             return 1
@@ -281,7 +339,9 @@ def run(args: argparse.Namespace) -> int:
             then_env = {**os.environ, "SGLANG_URL": url}
             print(f"[serve] running: {args.then}", file=sys.stderr, flush=True)
             rc = subprocess.call(["bash", "-c", args.then], env=then_env)
-            print(f"[serve] --then exited with {rc}; stopping the server", file=sys.stderr, flush=True)
+            print(
+                f"[serve] --then exited with {rc}; stopping the server", file=sys.stderr, flush=True
+            )
             return rc
         while proc.poll() is None:  # until Ctrl-C / SIGTERM or the server exits
             if follower:

@@ -13,8 +13,13 @@ from sglang_spec.demo import FIXTURES
 from sglang_spec.serving.cpu_server import ResultReplayEngine
 
 
-def make(pair: str = "hybrid", method: str = "ddtree", budget: str | int = 64, fixtures: str | None = None,
-         threads: str | int = 1) -> ResultReplayEngine:
+def make(
+    pair: str = "hybrid",
+    method: str = "ddtree",
+    budget: str | int = 64,
+    fixtures: str | None = None,
+    threads: str | int = 1,
+) -> ResultReplayEngine:
     """Load ``pair`` from the fixtures and return an engine decoding with ``method`` (ar / dflash / ddtree)."""
     import torch
 
@@ -32,5 +37,9 @@ def make(pair: str = "hybrid", method: str = "ddtree", budget: str | int = 64, f
         ids = torch.tensor([input_ids])
         return generate(target, drafter, ids, method, budget=budget, **sampling)
 
-    return ResultReplayEngine(decode, speculative_algorithm=None if method == "ar" else method.upper(),
-                              num_draft_tokens=width, name=f"tiny-{pair}-{method}")
+    return ResultReplayEngine(
+        decode,
+        speculative_algorithm=None if method == "ar" else method.upper(),
+        num_draft_tokens=width,
+        name=f"tiny-{pair}-{method}",
+    )

@@ -24,7 +24,9 @@ from .types import DraftTree
 
 def _check_budget(budget: int) -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be an integer >= 1 (number of draft nodes, root excluded); got {budget!r}")
+        raise ValueError(
+            f"budget must be an integer >= 1 (number of draft nodes, root excluded); got {budget!r}"
+        )
     return budget
 
 
@@ -52,12 +54,16 @@ def check_tree_temperature(temperature: float) -> float:
     """The tree temperature must be a finite number > 0 (1 = the drafter's own distribution)."""
     t = float(temperature)
     if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"tree temperature must be a finite number > 0 (1 = the drafter's distribution, "
-                         f"< 1 sharpens it); got {temperature!r}")
+        raise ValueError(
+            f"tree temperature must be a finite number > 0 (1 = the drafter's distribution, "
+            f"< 1 sharpens it); got {temperature!r}"
+        )
     return t
 
 
-def draft_topk(draft_logits: torch.Tensor, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_topk(
+    draft_logits: torch.Tensor, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-softmax values and token ids of the ``k`` best tokens at every depth.
 
     ``draft_logits`` is ``[bs, L, V]``; returns float32 ``logq [bs, L, k]`` and int64 ``ids [bs, L, k]``
@@ -179,7 +185,9 @@ def build_ddtree_from_topk(
     """
     budget = _check_budget(budget)
     if logq.dim() != 3 or ids.shape != logq.shape:
-        raise ValueError(f"logq and ids must both be [bs, L, K]; got {tuple(logq.shape)} and {tuple(ids.shape)}")
+        raise ValueError(
+            f"logq and ids must both be [bs, L, K]; got {tuple(logq.shape)} and {tuple(ids.shape)}"
+        )
     bs, L, K = logq.shape
     if root_tokens.shape != (bs,):
         raise ValueError(f"root_tokens must be [bs={bs}]; got shape {tuple(root_tokens.shape)}")
@@ -193,11 +201,17 @@ def build_ddtree_from_topk(
     else:
         if torch.isnan(logq).any():
             bad = torch.isnan(logq).flatten(1).any(dim=1).nonzero().flatten().tolist()
-            raise ValueError(f"draft log-probs contain NaN for request(s) {bad}; the drafter produced invalid logits")
+            raise ValueError(
+                f"draft log-probs contain NaN for request(s) {bad}; the drafter produced invalid logits"
+            )
         depth, rank, parent, score, num_nodes = _select_torch(logq, budget)
         flat = (depth - 1).clamp(min=0) * K + rank
-        tokens = torch.where(depth > 0, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None])
-    return DraftTree(tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L)
+        tokens = torch.where(
+            depth > 0, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None]
+        )
+    return DraftTree(
+        tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L
+    )
 
 
 def build_ddtree(
@@ -213,7 +227,9 @@ def build_ddtree(
     _check_logits(draft_logits)
     if not draft_logits.is_cuda and torch.isnan(draft_logits).any():
         bad = torch.isnan(draft_logits).flatten(1).any(dim=1).nonzero().flatten().tolist()
-        raise ValueError(f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits")
+        raise ValueError(
+            f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits"
+        )
     logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]), temperature)
     return build_ddtree_from_topk(logq, ids, budget, root_tokens)
 

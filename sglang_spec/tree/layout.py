@@ -16,6 +16,7 @@ import torch
 
 from .types import DraftTree, TreeABI, TreeMaskMode
 
+
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """``[bs, N, N]`` bool: ``mask[b, i, j]`` is True when node j is an ancestor of node i or i itself.
 
@@ -53,14 +54,18 @@ def _child_links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def bitpack_dtype(width: int) -> torch.dtype:
     """Word type of a bit-packed mask row, as SGLang picks it (uint8 / uint16 / uint32 by width)."""
     if not 1 <= width <= 32:
-        raise ValueError(f"QLEN_ONLY_BITPACKING holds at most 32 verify tokens per request; got width {width}")
+        raise ValueError(
+            f"QLEN_ONLY_BITPACKING holds at most 32 verify tokens per request; got width {width}"
+        )
     bits = 8 if width <= 8 else 16 if width <= 16 else 32
     return {8: torch.uint8, 16: torch.uint16, 32: torch.uint32}[bits]
 
 
 def _pack_rows(mask: torch.Tensor) -> torch.Tensor:
     bs, N, _ = mask.shape
-    weights = torch.ones(N, dtype=torch.int64, device=mask.device) << torch.arange(N, device=mask.device)
+    weights = torch.ones(N, dtype=torch.int64, device=mask.device) << torch.arange(
+        N, device=mask.device
+    )
     return (mask.long() * weights).sum(dim=-1).reshape(bs * N).to(bitpack_dtype(N))
 
 
@@ -79,7 +84,9 @@ def sglang_tree_abi(
     try:
         mode = TreeMaskMode(int(mode))
     except ValueError:
-        raise ValueError(f"mode must be one of {[m.name for m in TreeMaskMode]} (0, 1, 2); got {mode!r}") from None
+        raise ValueError(
+            f"mode must be one of {[m.name for m in TreeMaskMode]} (0, 1, 2); got {mode!r}"
+        ) from None
     bs, N = tree.tokens.shape
     if seq_lens.shape != (bs,):
         raise ValueError(f"seq_lens must be [bs={bs}]; got shape {tuple(seq_lens.shape)}")
@@ -101,10 +108,15 @@ def sglang_tree_abi(
         flat_mask = _pack_rows(mask)
     else:
         flat_mask = torch.cat(
-            [torch.cat([mask.new_ones(N, int(seq_lens[b])), mask[b]], dim=1).reshape(-1) for b in range(bs)]
+            [
+                torch.cat([mask.new_ones(N, int(seq_lens[b])), mask[b]], dim=1).reshape(-1)
+                for b in range(bs)
+            ]
         )
         if flat_mask.numel() != seq_lens_sum * N + bs * N * N:
-            raise ValueError(f"seq_lens_sum={seq_lens_sum} disagrees with sum(seq_lens)={int(seq_lens.sum())}")
+            raise ValueError(
+                f"seq_lens_sum={seq_lens_sum} disagrees with sum(seq_lens)={int(seq_lens.sum())}"
+            )
     return TreeABI(
         draft_tokens=tree.tokens.reshape(-1),
         positions=tree_positions(tree, seq_lens).reshape(-1),

@@ -22,8 +22,19 @@ from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
 
 @triton.jit
 def _select_kernel(
-    logq_ptr, ids_ptr, root_ptr, tokens_ptr, depth_ptr, rank_ptr, parent_ptr, score_ptr, num_nodes_ptr,
-    L: tl.constexpr, K: tl.constexpr, N: tl.constexpr, FB: tl.constexpr,
+    logq_ptr,
+    ids_ptr,
+    root_ptr,
+    tokens_ptr,
+    depth_ptr,
+    rank_ptr,
+    parent_ptr,
+    score_ptr,
+    num_nodes_ptr,
+    L: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    FB: tl.constexpr,
 ):
     b = tl.program_id(0)
     base = logq_ptr + b * L * K
@@ -44,7 +55,9 @@ def _select_kernel(
     o_score = tl.where(slots == 0, 0.0, neg_inf)
     count = 1
     for n in range(1, N):
-        best, slot = tl.max(f_score, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        best, slot = tl.max(
+            f_score, axis=0, return_indices=True, return_indices_tie_break_left=True
+        )
         valid = best > neg_inf
         at = slots == slot
         meta = tl.sum(tl.where(at, f_meta, 0), axis=0)
@@ -88,7 +101,9 @@ def ddtree_select(logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tens
     bs, L, K = logq.shape
     N = budget + 1
     if L >= 63 or N > 4095 or K > 4095:
-        raise ValueError(f"the Triton DDTree selection supports L < 63 and budget, K < 4095; got L={L}, budget={budget}, K={K}")
+        raise ValueError(
+            f"the Triton DDTree selection supports L < 63 and budget, K < 4095; got L={L}, budget={budget}, K={K}"
+        )
     dev = logq.device
     depth = torch.empty(bs, N, dtype=torch.long, device=dev)
     rank = torch.empty_like(depth)
@@ -96,17 +111,41 @@ def ddtree_select(logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tens
     score = torch.empty(bs, N, dtype=torch.float32, device=dev)
     num_nodes = torch.empty(bs, dtype=torch.long, device=dev)
     tokens = torch.empty_like(depth)
-    _select_kernel[(bs,)](logq, ids, root_tokens, tokens, depth, rank, parent, score, num_nodes, L=L, K=K, N=N,
-                          FB=triton.next_power_of_2(N), num_warps=1)
+    _select_kernel[(bs,)](
+        logq,
+        ids,
+        root_tokens,
+        tokens,
+        depth,
+        rank,
+        parent,
+        score,
+        num_nodes,
+        L=L,
+        K=K,
+        N=N,
+        FB=triton.next_power_of_2(N),
+        num_warps=1,
+    )
     return tokens, depth, rank, parent, score, num_nodes
 
 
 @triton.jit
 def _layout_kernel(
-    parents_ptr, depths_ptr, seq_lens_ptr,
-    mask_ptr, positions_ptr, next_token_ptr, next_sibling_ptr, retrieve_index_ptr,
-    N: tl.constexpr, HOPS: tl.constexpr, MODE: tl.constexpr, BI: tl.constexpr,
-    NB: tl.constexpr, BSB: tl.constexpr,
+    parents_ptr,
+    depths_ptr,
+    seq_lens_ptr,
+    mask_ptr,
+    positions_ptr,
+    next_token_ptr,
+    next_sibling_ptr,
+    retrieve_index_ptr,
+    N: tl.constexpr,
+    HOPS: tl.constexpr,
+    MODE: tl.constexpr,
+    BI: tl.constexpr,
+    NB: tl.constexpr,
+    BSB: tl.constexpr,
 ):
     b = tl.program_id(0)
     rows = tl.program_id(1) * BI + tl.arange(0, BI)
@@ -120,7 +159,11 @@ def _layout_kernel(
     # First child: lowest j whose parent is the row; next sibling: lowest j > row with the same parent.
     big = N
     first = tl.min(tl.where(par_cols[None, :] == rows[:, None], cols[None, :], big), axis=1)
-    sib_hit = (par_cols[None, :] == par_rows[:, None]) & (cols[None, :] > rows[:, None]) & (par_rows[:, None] >= 0)
+    sib_hit = (
+        (par_cols[None, :] == par_rows[:, None])
+        & (cols[None, :] > rows[:, None])
+        & (par_rows[:, None] >= 0)
+    )
     nxt = tl.min(tl.where(sib_hit, cols[None, :], big), axis=1)
     out = b * N + rows
     tl.store(next_token_ptr + out, tl.where(first == big, -1, first), mask=row_ok)
@@ -137,14 +180,20 @@ def _layout_kernel(
         bits = tl.sum(tl.where(anc & col_ok[None, :], 1 << cols[None, :].to(tl.int64), 0), axis=1)
         tl.store(mask_ptr + out, bits.to(mask_ptr.dtype.element_ty), mask=row_ok)
     else:
-        if MODE == 0:  # FULL_MASK: request b's rows hold (seq_len_b + N) columns, requests concatenated
+        if (
+            MODE == 0
+        ):  # FULL_MASK: request b's rows hold (seq_len_b + N) columns, requests concatenated
             reqs = tl.arange(0, BSB)
             before = tl.sum(tl.load(seq_lens_ptr + reqs, mask=reqs < b, other=0), axis=0)
             row_start = (before + b * N) * N + rows * (seq_len + N)
             for c in range(0, seq_len, 128):  # the verified prefix is visible to every node
                 pc = c + tl.arange(0, 128)
                 pre = mask_ptr + row_start[:, None] + pc[None, :]
-                tl.store(pre, tl.full([BI, 128], 1, tl.int8), mask=row_ok[:, None] & (pc[None, :] < seq_len))
+                tl.store(
+                    pre,
+                    tl.full([BI, 128], 1, tl.int8),
+                    mask=row_ok[:, None] & (pc[None, :] < seq_len),
+                )
             row_start += seq_len
         else:  # QLEN_ONLY
             row_start = (b * N + rows) * N
@@ -152,7 +201,9 @@ def _layout_kernel(
         tl.store(ptrs, anc.to(tl.int8), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def tree_layout(tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq_lens_sum: int | None) -> TreeABI:
+def tree_layout(
+    tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq_lens_sum: int | None
+) -> TreeABI:
     """Triton twin of the CPU path of ``layout.sglang_tree_abi``."""
     from .layout import bitpack_dtype
 
@@ -171,17 +222,38 @@ def tree_layout(tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq
     store_view = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     BI = 16 if N > 64 else 32
     _layout_kernel[(bs, triton.cdiv(N, BI))](
-        tree.parents, tree.depths, seq_lens, store_view, positions, first, nxt, retrieve_index,
-        N=N, HOPS=tree.horizon, MODE=int(mode), BI=BI, NB=triton.next_power_of_2(N),
+        tree.parents,
+        tree.depths,
+        seq_lens,
+        store_view,
+        positions,
+        first,
+        nxt,
+        retrieve_index,
+        N=N,
+        HOPS=tree.horizon,
+        MODE=int(mode),
+        BI=BI,
+        NB=triton.next_power_of_2(N),
         BSB=triton.next_power_of_2(bs),
     )
-    return TreeABI(tree.tokens.reshape(-1), positions.reshape(-1), retrieve_index, first, nxt, mask, mode)
+    return TreeABI(
+        tree.tokens.reshape(-1), positions.reshape(-1), retrieve_index, first, nxt, mask, mode
+    )
 
 
 @triton.jit
 def _walk_kernel(
-    tokens_ptr, parents_ptr, target_ptr, accepted_ptr, accept_len_ptr, bonus_ptr,
-    N: tl.constexpr, L: tl.constexpr, NB: tl.constexpr, LB: tl.constexpr,
+    tokens_ptr,
+    parents_ptr,
+    target_ptr,
+    accepted_ptr,
+    accept_len_ptr,
+    bonus_ptr,
+    N: tl.constexpr,
+    L: tl.constexpr,
+    NB: tl.constexpr,
+    LB: tl.constexpr,
 ):
     b = tl.program_id(0)
     slots = tl.arange(0, NB)
@@ -214,7 +286,17 @@ def tree_walk(tree: DraftTree, target_tokens: torch.Tensor) -> WalkResult:
     accepted = torch.empty(bs, L + 1, dtype=torch.long, device=dev)
     accept_len = torch.empty(bs, dtype=torch.long, device=dev)
     bonus = torch.empty(bs, dtype=torch.long, device=dev)
-    _walk_kernel[(bs,)](tree.tokens, tree.parents, target_tokens, accepted, accept_len, bonus,
-                        N=N, L=L, NB=triton.next_power_of_2(N), LB=triton.next_power_of_2(L + 1),
-                        num_warps=1 if N <= 64 else 4)
+    _walk_kernel[(bs,)](
+        tree.tokens,
+        tree.parents,
+        target_tokens,
+        accepted,
+        accept_len,
+        bonus,
+        N=N,
+        L=L,
+        NB=triton.next_power_of_2(N),
+        LB=triton.next_power_of_2(L + 1),
+        num_warps=1 if N <= 64 else 4,
+    )
     return WalkResult(accepted, accept_len, bonus, target_tokens)

@@ -61,7 +61,9 @@ def _as_column(value, bs: int, device, dtype, name: str) -> torch.Tensor:
     if t.dim() == 0:
         t = t.expand(bs)
     if t.shape != (bs,):
-        raise ValueError(f"{name} must be a scalar or a [bs={bs}] tensor; got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must be a scalar or a [bs={bs}] tensor; got shape {tuple(t.shape)}"
+        )
     return t.unsqueeze(1)
 
 
@@ -78,7 +80,9 @@ def sample_target_tokens(
     temp = _as_column(temperature, bs, dev, torch.float32, "temperature")
     top_p = _as_column(top_p, bs, dev, torch.float32, "top_p")
     top_k = _as_column(top_k, bs, dev, torch.long, "top_k")
-    if not dev.type == "cuda":  # value checks read the tensors: only where that costs no device sync
+    if (
+        not dev.type == "cuda"
+    ):  # value checks read the tensors: only where that costs no device sync
         for name, t, ok, valid in (
             ("temperature", temp, temp >= 0, ">= 0"),
             ("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1]"),
@@ -116,4 +120,6 @@ def walk_sample(
         raise ValueError(
             f"target_logits must be [bs, N, V] with [bs, N] = {tuple(tree.tokens.shape)}; got {tuple(target_logits.shape)}"
         )
-    return walk_greedy(tree, sample_target_tokens(target_logits, temperature, top_p, top_k, generator))
+    return walk_greedy(
+        tree, sample_target_tokens(target_logits, temperature, top_p, top_k, generator)
+    )
