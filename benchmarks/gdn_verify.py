@@ -46,7 +46,7 @@ How: the kernels are imported from the installed ``sglang`` package
 ``tests/sglang_kernel_gdn.py`` (``verify_conv``, ``verify_recurrent``), the code that
 tests/test_sglang_gdn_kernels.py checks against our reference ``sglang_spec.gdn``. On CUDA each kernel is
 captured 10 times (``CALLS``) into a CUDA graph (SGLang replays verify from CUDA graphs too; Python's launch
-overhead is not counted) and timed with CUDA events (``sglang_spec.bench.tree._timer``): median over
+overhead is not counted) and timed with CUDA events (``benchmarks.timing.median_timer``): median over
 ``--reps`` (default 50) replays, divided by ``CALLS``. "verify" = conv + recurrent.
 
 Correctness check, once per (bs, N), on the cell's inputs and kernel variants: tree mode on a tree that is
@@ -99,7 +99,7 @@ sys.path.append(
 
 from sglang_kernel_gdn import verify_conv, verify_recurrent  # noqa: E402
 
-from sglang_spec.bench.tree import _timer  # noqa: E402
+from benchmarks.timing import median_timer  # noqa: E402
 from sglang_spec.tree import TreeMaskMode, build_chain, build_ddtree, sglang_tree_abi  # noqa: E402
 
 L = 15  # drafter depth (DFlash block size 16)
@@ -246,7 +246,7 @@ def check_chain(kern, c: dict, conv_pool, ssm_pool, gen) -> tuple[float, float, 
 def time_us(fn, device, reps: int) -> float:
     """Median µs per call of ``fn``: on CUDA over replays of a CUDA graph of ``CALLS`` calls (compiled and
     warmed up on a side stream first), on the CPU over eager calls."""
-    timer = _timer(device)
+    timer = median_timer(device)
     if device.type != "cuda":
         return timer(fn, reps)
     side = torch.cuda.Stream()

@@ -4,7 +4,7 @@
 # (each its own process; the tiny models leave the GPU mostly idle, so they share it well), each with
 # the same time box. Every variant ends with the script's reload checks. Results: $OUT/drafters.tgz
 # (one folder per variant: hybrid-dflash/ or qwen3-dflash/, train_config.json, train.log) and the logs.
-# Pick the winner on the CPU with `python -m sglang_spec.bench.acceptance --drafter-dir ...`.
+# Pick the winner on the CPU with `python -m benchmarks.acceptance --drafter-dir ...`.
 #   usage: bash benchmarks/h200_train_drafters.sh BOX_SECONDS "NAME:STAGE:PATH=JSON;PATH=JSON..." ...
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2

@@ -4,4 +4,4 @@
 set -euo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python3 -m sglang_spec.bench.tree --device cuda 2>&1 | tee "${OUT:-/tmp}/tree_h200.md"
+python3 -m benchmarks.tree --device cuda 2>&1 | tee "${OUT:-/tmp}/tree_h200.md"

@@ -10,7 +10,7 @@ Subpackages (only :mod:`sglang_spec.plugin` imports ``sglang``):
 - :mod:`sglang_spec.serving` -- ``sglang-spec serve`` (SGLang from ``server_configs/``) and the CPU
   demo/test server with SGLang's HTTP API.
 - :mod:`sglang_spec.patching` -- ``sglang-spec patch``: the patch sets under ``patches/``.
-- :mod:`sglang_spec.bench` -- benchmarks that print tables; :mod:`sglang_spec.demo` -- the CPU demo.
+- :mod:`sglang_spec.demo` -- the CPU demo (`sglang-spec demo`).
 - ``sglang_spec/fixtures/tiny-pair`` -- the trained tiny targets and drafters.
 """
 

@@ -17,10 +17,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "sglang_spec.demo",
         "AR vs DFLASH vs DDTREE on the bundled tiny pair (CPU, reference engine)",
     ),
-    "bench-tree": (
-        "sglang_spec.bench.tree",
-        "time DDTree build / layout / walk against the reference port",
-    ),
     "serve": (
         "sglang_spec.serving.launch",
         "start an SGLang server from server_configs/ and wait for /health",

@@ -13,14 +13,11 @@ over to a GPU server; the identical-to-AR column is the losslessness check.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tiny-pair"
-PAIRS = {"hybrid": ("hybrid", "hybrid-dflash"), "qwen3": ("qwen3", "qwen3-dflash")}
+from sglang_spec.reference.tiny_pair import FIXTURES, PAIRS, heldout_prompts, load_pair
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,41 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)"
     )
-
-
-def load_pair(pair: str = "hybrid", fixtures: Path = FIXTURES):
-    """(tokenizer, float32 target, DFlash drafter) of a bundled pair, loaded offline."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sglang_spec.dflash import DFlashDrafter, DrafterConfigWarning
-
-    if pair not in PAIRS:
-        raise ValueError(f"pair must be one of {sorted(PAIRS)}; got {pair!r}")
-    fixtures = Path(fixtures)
-    target_dir, drafter_dir = (fixtures / name for name in PAIRS[pair])
-    for path in (target_dir, drafter_dir):
-        if not (path / "config.json").is_file():
-            raise SystemExit(f"no model at {path}: --fixtures must hold {', '.join(PAIRS[pair])}/")
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    with warnings.catch_warnings():
-        # The pair's layer ids differ from SGLang's evenly-spread default on purpose (they are explicit).
-        warnings.simplefilter("ignore", DrafterConfigWarning)
-        drafter = DFlashDrafter.from_pretrained(str(drafter_dir), target, tokenizer=tokenizer)
-    return tokenizer, target, drafter
-
-
-def heldout_prompts(
-    num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True
-) -> list[str]:
-    """The held-out prompts: ``num`` of them spread over the held-out modules (or the first ``num``)."""
-    path = Path(fixtures) / "heldout_prompts.jsonl"
-    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-    if num is None:
-        return prompts
-    step = max(1, len(prompts) // max(1, num)) if spread else 1
-    return prompts[::step][:num]
 
 
 def run(args) -> int:

@@ -9,7 +9,7 @@ written.
 import json
 
 from loadtests import compare, sweep
-from sglang_spec.demo import FIXTURES, heldout_prompts
+from sglang_spec.reference.tiny_pair import FIXTURES, heldout_prompts
 from sglang_spec.serving.cpu_server import HFTokenizerCodec, serve_in_thread
 from sglang_spec.serving.reference_engine import make
 

@@ -16,20 +16,19 @@ import re
 
 import torch
 
-from sglang_spec import demo
-from sglang_spec.reference import generate
+from sglang_spec.reference import generate, tiny_pair
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("e2e_json")
-    ap.add_argument("--pair", choices=sorted(demo.PAIRS), default="hybrid")
+    ap.add_argument("--pair", choices=sorted(tiny_pair.PAIRS), default="hybrid")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tok, target, drafter = demo.load_pair(args.pair)
-    prompts = demo.heldout_prompts(
+    tok, target, drafter = tiny_pair.load_pair(args.pair)
+    prompts = tiny_pair.heldout_prompts(
         args.num_prompts, spread=False
     )  # the order tools/gpu_e2e.py used
     print(

@@ -9,7 +9,7 @@ speculative decoding. Decoding happens per request, then its steps are replayed 
 
 from __future__ import annotations
 
-from sglang_spec.demo import FIXTURES
+from sglang_spec.reference.tiny_pair import FIXTURES
 from sglang_spec.serving.cpu_server import ResultReplayEngine
 
 
@@ -23,14 +23,13 @@ def make(
     """Load ``pair`` from the fixtures and return an engine decoding with ``method`` (ar / dflash / ddtree)."""
     import torch
 
-    from sglang_spec import demo
-    from sglang_spec.reference import METHODS, generate
+    from sglang_spec.reference import METHODS, generate, tiny_pair
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     budget = int(budget)
     torch.set_num_threads(int(threads))
-    _, target, drafter = demo.load_pair(pair, fixtures or FIXTURES)
+    _, target, drafter = tiny_pair.load_pair(pair, fixtures or FIXTURES)
     width = {"ar": None, "dflash": drafter.block_size, "ddtree": budget + 1}[method]
 
     def decode(input_ids, **sampling):

@@ -1,4 +1,4 @@
-"""``python -m sglang_spec.bench.acceptance``: tokens per target forward of DFLASH and DDTREE (reference engine).
+"""``python -m benchmarks.acceptance``: tokens per target forward of DFLASH and DDTREE (reference engine).
 
 Greedy decoding of held-out prompts (function signatures + docstrings from standard-library modules
 the tiny pairs never saw) with the bundled trained pairs, on the CPU. For every pair and method it
@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 
-from sglang_spec.demo import FIXTURES
+from sglang_spec.reference.tiny_pair import FIXTURES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,14 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import torch
 
-    from sglang_spec import demo
-    from sglang_spec.reference import generate
+    from sglang_spec.reference import generate, tiny_pair
 
     torch.set_num_threads(1)
     rows = []
     for pair in args.pairs.split(","):
-        tokenizer, target, drafter = demo.load_pair(pair, args.fixtures)
-        prompts = demo.heldout_prompts(args.num_prompts, args.fixtures)
+        tokenizer, target, drafter = tiny_pair.load_pair(pair, args.fixtures)
+        prompts = tiny_pair.heldout_prompts(args.num_prompts, args.fixtures)
         runs = [("ar", 0, 1.0), ("dflash", 0, 1.0)] + [
             ("ddtree", b, tau) for tau in args.tree_temperatures for b in args.budgets
         ]
@@ -88,7 +87,7 @@ def run(args) -> int:
     dflash = {r[0]: r[2] for r in rows if r[1] == "dflash"}
     print(
         f"# Tokens per verify step, reference engine, greedy, {args.num_prompts} held-out prompts x "
-        f"{args.max_new_tokens} new tokens (python -m sglang_spec.bench.acceptance)"
+        f"{args.max_new_tokens} new tokens (python -m benchmarks.acceptance)"
     )
     print("| pair | method | tokens/step | accepted drafts/step | vs DFLASH | identical to AR |")
     print("|---|---|---|---|---|---|")
@@ -99,7 +98,7 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m sglang_spec.bench.acceptance", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.acceptance", description=__doc__.splitlines()[0]
     )
     add_arguments(p)
     with warnings.catch_warnings():

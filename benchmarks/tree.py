@@ -1,10 +1,10 @@
-"""``python -m sglang_spec.bench.tree``: time the DDTree core against the reference port.
+"""``python -m benchmarks.tree``: time the DDTree core against the reference port.
 
 For every (batch size, budget) it times, on random drafter logits ``[bs, L, V]``:
 the vocabulary top-K (``draft_topk``), the build (``build_ddtree_from_topk``), the layout with
 SGLang's ABI in FULL_MASK mode (``sglang_tree_abi``) and the greedy walk (``walk_greedy``), and the
 reference port's host-side build (which includes its own top-K) and walk
-(``bench/reference_port.py``). "b+l+w" is build + layout + walk (the cost beyond the top-K);
+(``benchmarks/reference_port.py``). "b+l+w" is build + layout + walk (the cost beyond the top-K);
 "ours total" adds the top-K and compares with "ref total". On CUDA, "b+l+w graph" is the same
 three stages replayed from one CUDA graph: the GPU time without Python's launch overhead, which is
 what a captured decode step pays; the eager columns include that overhead. Before timing it checks
@@ -15,50 +15,16 @@ also checks the Triton kernels against the torch implementation. Times are media
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
-from sglang_spec.bench.reference_port import reference_build, reference_walk
+from benchmarks.reference_port import reference_build, reference_walk
+from benchmarks.timing import median_timer
 from sglang_spec.tree import build_ddtree_from_topk, draft_topk, sglang_tree_abi, walk_greedy
 from sglang_spec.tree.build import _select_torch
 from sglang_spec.tree.layout import _child_links, ancestor_mask
 from sglang_spec.tree.walk import _walk_torch
-
-
-def _timer(device: torch.device):
-    if device.type == "cuda":
-
-        def run(fn, repeats):
-            fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(repeats):
-                start, end = (
-                    torch.cuda.Event(enable_timing=True),
-                    torch.cuda.Event(enable_timing=True),
-                )
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            return statistics.median(times)
-
-    else:
-
-        def run(fn, repeats):
-            fn()
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-            return statistics.median(times)
-
-    return run
 
 
 def _targets_following_tree(tree, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -167,7 +133,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     dev = torch.device(args.device)
     repeats = args.repeats or (50 if dev.type == "cuda" else 5)
-    timer = _timer(dev)
+    timer = median_timer(dev)
     gen = torch.Generator().manual_seed(0)
     name = (
         torch.cuda.get_device_name(dev)
@@ -241,7 +207,7 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m sglang_spec.bench.tree", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.tree", description=__doc__.splitlines()[0]
     )
     add_arguments(p)
     return run(p.parse_args(argv))
