@@ -13,6 +13,7 @@ from .build import (
     merge_sharded_topk,
 )
 from .layout import ancestor_mask, bitpack_dtype, sglang_tree_abi, tree_positions
+from .topk import VocabShard, shard_logits, sharded_topk
 from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
 from .walk import sample_target_tokens, walk_greedy, walk_sample
 
@@ -20,6 +21,7 @@ __all__ = [
     "DraftTree",
     "TreeABI",
     "TreeMaskMode",
+    "VocabShard",
     "WalkResult",
     "ancestor_mask",
     "bitpack_dtype",
@@ -30,6 +32,8 @@ __all__ = [
     "draft_topk",
     "merge_sharded_topk",
     "sample_target_tokens",
+    "shard_logits",
+    "sharded_topk",
     "sglang_tree_abi",
     "tree_positions",
     "walk_greedy",

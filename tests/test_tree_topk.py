@@ -1,0 +1,139 @@
+"""`sglang_spec.tree.topk`: the per-depth top-K through a vocabulary-parallel LM head.
+
+Tensor parallelism is simulated in one process: every rank runs `sharded_topk` on its slice of the
+head, with an all-gather that hands back what all ranks passed at the same call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_spec.tree import VocabShard, draft_topk, shard_logits, sharded_topk
+
+PAD = 1e4  # padding rows hold large garbage: scoring them would change every top-k
+
+
+def _reference(hidden, weight, k, temperature=1.0):
+    """Top-k of the full-vocabulary log_softmax, ordered by (log-prob desc, id asc)."""
+    logq = torch.log_softmax((hidden @ weight.T).float() / temperature, dim=-1)
+    ids = torch.arange(weight.shape[0]).expand_as(logq)
+    # stable sort by id, then by value: ties keep the lower id first
+    vals, perm = logq.sort(dim=-1, descending=True, stable=True)
+    return vals[..., :k], ids.gather(-1, perm)[..., :k]
+
+
+def _shard(weight, num_org, tp, added=0, pad_to=None):
+    """Split a head of ``num_org`` original + ``added`` rows over ``tp`` ranks, SGLang-style:
+    each rank holds its original rows padded to ``pad_to``, then its added rows."""
+    org_per, add_per = -(-num_org // tp), -(-added // tp) if added else 0
+    pad_to = pad_to or org_per + 1
+    shards, weights = [], []
+    for r in range(tp):
+        o0, o1 = r * org_per, min(num_org, (r + 1) * org_per)
+        a0, a1 = num_org + r * add_per, min(num_org + added, num_org + (r + 1) * add_per)
+        w = torch.full((pad_to + (a1 - a0), weight.shape[1]), PAD)
+        w[: o1 - o0] = weight[o0:o1]
+        w[pad_to : pad_to + a1 - a0] = weight[a0:a1]
+        weights.append(w)
+        shards.append(VocabShard(o0, o1 - o0, pad_to, added_start=a0, num_added=a1 - a0))
+    return weights, shards
+
+
+def _run_tp(hidden, weights, shards, k, temperature=1.0):
+    """Every rank's result, with an all-gather that stacks what all ranks passed at that call."""
+    world = len(shards)
+    sent = [[] for _ in range(world)]
+
+    def recorder(rank):
+        def gather(t):
+            sent[rank].append(t)
+            return torch.stack([t] * world)
+
+        return gather
+
+    for r in range(world):
+        sharded_topk(
+            hidden, weights[r], shards[r], k, temperature=temperature, all_gather=recorder(r)
+        )
+
+    def replay(rank):
+        calls = iter(range(len(sent[rank])))
+
+        def gather(t):
+            i = next(calls)
+            assert torch.equal(t, sent[rank][i])
+            return torch.stack([sent[q][i] for q in range(world)])
+
+        return gather
+
+    outs = [
+        sharded_topk(
+            hidden, weights[r], shards[r], k, temperature=temperature, all_gather=replay(r)
+        )
+        for r in range(world)
+    ]
+    return outs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_one_rank_is_draft_topk(temperature):
+    torch.manual_seed(0)
+    V, H, bs, L, k = 40, 16, 2, 5, 6
+    w, hid = torch.randn(V, H), torch.randn(bs, L, H)
+    logq, ids = sharded_topk(hid, w, VocabShard.whole(V), k, temperature=temperature)
+    ref_logq, ref_ids = draft_topk(hid @ w.T, k, temperature)
+    assert torch.equal(logq, ref_logq) and torch.equal(ids, ref_ids)
+    exp_logq, exp_ids = _reference(hid, w, k, temperature)
+    torch.testing.assert_close(logq, exp_logq, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ids, exp_ids)
+
+
+@pytest.mark.parametrize("tp,added", [(2, 0), (3, 0), (2, 4), (3, 5)])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_shards_merge_to_the_full_vocabulary(tp, added, temperature):
+    torch.manual_seed(tp * 10 + added)
+    num_org, H, bs, L, k = 30, 16, 2, 4, 7
+    w = torch.randn(num_org + added, H)
+    hid = torch.randn(bs, L, H)
+    weights, shards = _shard(w, num_org, tp, added)
+    exp_logq, exp_ids = _reference(hid, w, k, temperature)
+    for logq, ids in _run_tp(hid, weights, shards, k, temperature):
+        torch.testing.assert_close(logq, exp_logq, rtol=1e-5, atol=1e-5)
+        assert torch.equal(ids, exp_ids)
+
+
+def test_shard_smaller_than_k_pads_and_still_merges():
+    torch.manual_seed(3)
+    num_org, H, bs, L, k = 9, 8, 2, 3, 7  # 3 ranks of 3 real rows each, k = 7 > 3
+    w, hid = torch.randn(num_org, H), torch.randn(bs, L, H)
+    weights, shards = _shard(w, num_org, tp=3)
+    exp_logq, exp_ids = _reference(hid, w, k)
+    for logq, ids in _run_tp(hid, weights, shards, k):
+        assert logq.shape == ids.shape == (bs, L, k)
+        torch.testing.assert_close(logq, exp_logq, rtol=1e-5, atol=1e-5)
+        assert torch.equal(ids, exp_ids)
+
+
+def test_all_gathers_carry_k_entries_per_row_never_the_vocabulary():
+    torch.manual_seed(4)
+    num_org, H, bs, L, k = 64, 8, 2, 3, 5
+    weights, shards = _shard(torch.randn(num_org, H), num_org, tp=2)
+    shapes = []
+
+    def gather(t):
+        shapes.append(tuple(t.shape))
+        return torch.stack([t, t])
+
+    sharded_topk(torch.randn(bs, L, H), weights[0], shards[0], k, all_gather=gather)
+    assert sorted(shapes) == [(bs, L), (bs, L, k), (bs, L, k)]
+
+
+def test_shard_logits_drops_padding_and_maps_global_ids():
+    torch.manual_seed(5)
+    w = torch.randn(10, 4)
+    weights, shards = _shard(w, num_org=6, tp=2, added=4, pad_to=4)
+    hid = torch.randn(3, 4)
+    logits, ids = shard_logits(hid, weights[1], shards[1])
+    assert ids.tolist() == [3, 4, 5, 8, 9]
+    torch.testing.assert_close(logits, hid @ w[[3, 4, 5, 8, 9]].T)
