@@ -1,18 +1,30 @@
 """CPU tests of the DDTREE SGLang plug-in against the real sglang 0.5.23 package.
 
 Needs the package pip-installed (entry points): `pip install -e . --no-deps`.
+
+Every start-up refusal of docs/plugin-design.md §2 is tested on both sides of its boundary (the
+refused value and its accepted neighbour), through SGLang's own `handle_speculative_decoding`, so
+removing a check or moving its boundary by one fails a test.
 """
 
 from __future__ import annotations
 
 import json
 from importlib.metadata import entry_points
+from types import SimpleNamespace
 
 import pytest
 import sglang  # noqa: F401  the CPU test environment installs sglang 0.5.23 (requirements-cpu.txt); never skip
 import torch
 
-from sglang_spec import plugin as P
+from sglang_spec.plugin import algorithm, config, hooks
+from sglang_spec.plugin.config import (
+    ENV_TOPK,
+    ENV_TREE_TEMPERATURE,
+    REFUSED_SWITCHES,
+    DDTreeConfig,
+    DDTreeConfigError,
+)
 
 TARGET_CFG = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -32,7 +44,7 @@ TARGET_CFG = {
 }
 
 
-def _draft_cfg(block_size=8):
+def _draft_cfg(block_size):
     cfg = dict(TARGET_CFG)
     cfg.update(
         architectures=["DFlashDraftModel"],
@@ -52,6 +64,8 @@ def models(tmp_path_factory):
     for name, cfg in (
         ("target", TARGET_CFG),
         ("draft8", _draft_cfg(8)),
+        ("draft2", _draft_cfg(2)),
+        ("draft1", _draft_cfg(1)),
         ("draft_noblock", _draft_cfg(None)),
     ):
         d = root / name
@@ -66,7 +80,12 @@ def loaded():
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    return True
+
+
+@pytest.fixture
+def unpatched(monkeypatch):
+    """The installed SGLang as released (the CPU environment may carry `sglang-spec patch`)."""
+    monkeypatch.setattr(config, "reserve_patch_applied", lambda: False)
 
 
 def _resolve(models, *extra, draft="draft8", backend="flashinfer"):
@@ -75,14 +94,8 @@ def _resolve(models, *extra, draft="draft8", backend="flashinfer"):
     from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
     from sglang.srt.server_args import prepare_server_args
 
-    args = [
-        "--model-path",
-        models["target"],
-        "--device",
-        "cuda",
-        "--speculative-algorithm",
-        "DDTREE",
-    ]
+    args = ["--model-path", models["target"], "--device", "cuda"]
+    args += ["--speculative-algorithm", "DDTREE"]
     if draft is not None:
         args += ["--speculative-draft-model-path", models[draft]]
     if backend is not None:
@@ -98,9 +111,11 @@ def _resolve(models, *extra, draft="draft8", backend="flashinfer"):
 def test_entry_point_declared():
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "ddtree"]
     assert eps and eps[0].value == "sglang_spec.plugin:register"
+    assert eps[0].load() is algorithm.register
 
 
-def test_load_plugins_registers_ddtree(loaded):
+@pytest.mark.usefixtures("loaded")
+def test_load_plugins_registers_ddtree():
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -116,276 +131,302 @@ def test_load_plugins_registers_ddtree(loaded):
     assert algo.supports_target_verify_for_draft()
     assert not algo.supports_mixed_chunk()
     assert algo.build_disagg_draft_input(None, None, None) is None
-    # Re-registration is a no-op, not an error.
-    P.register()
-
-
-def test_create_future_map(loaded):
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    algo = SpeculativeAlgorithm.from_string("DDTREE")
     assert callable(algo.create_future_map)
+    # Re-registration is a no-op, not an error.
+    algorithm.register()
 
 
-def test_worker_class_loads(loaded, models):
+@pytest.mark.usefixtures("loaded")
+def test_worker_class_loads(models):
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_spec.plugin.worker import DDTreeVerifyInput, DDTreeWorker
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
+    from sglang_spec.plugin.worker import DDTreeWorker
 
     _, sa = _resolve(models)
-    algo = SpeculativeAlgorithm.from_string("DDTREE")
-    cls = algo.create_worker(sa)
+    cls = SpeculativeAlgorithm.from_string("DDTREE").create_worker(sa)
     assert cls is DDTreeWorker and issubclass(cls, DFlashWorkerV2)
     assert issubclass(DDTreeVerifyInput, EagleVerifyInput)
-    for stage in (
-        "draft_stage",
-        "topk_stage",
-        "tree_stage",
-        "verify_stage",
-        "walk_stage",
-        "commit_stage",
-        "append_context_stage",
-    ):
-        assert callable(getattr(DDTreeWorker, stage))
 
 
 def test_register_failure_is_loud(monkeypatch, caplog):
     import sglang.srt.speculative.spec_info as si
 
-    monkeypatch.setattr(P, "_registered", False)
+    monkeypatch.setattr(algorithm, "_registered", False)
 
-    def boom(*a, **k):
+    def boom(*_args, **_kwargs):
         raise RuntimeError("simulated")
 
     monkeypatch.setattr(si.SpeculativeAlgorithm, "register", classmethod(boom))
-    monkeypatch.setattr("sglang.srt.speculative.spec_registry.get_spec", lambda name: None)
+    monkeypatch.setattr("sglang.srt.speculative.spec_registry.get_spec", lambda _name: None)
     with caplog.at_level("ERROR", logger="sglang_spec.plugin"):
         with pytest.raises(RuntimeError):
-            P.register()
+            algorithm.register()
     assert any("FAILED to register" in r.message for r in caplog.records)
 
 
-def test_cuda_graph_hook_registered(loaded):
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
-        DecodeCudaGraphRunner,
+def _graph_runner(algo_name, is_draft_worker, width=7):
+    return SimpleNamespace(
+        model_runner=SimpleNamespace(
+            spec_algorithm=SimpleNamespace(name=algo_name), is_draft_worker=is_draft_worker
+        ),
+        buffers=SimpleNamespace(custom_mask=torch.zeros(64, dtype=torch.bool)),
+        captured_req_width=width,
     )
+
+
+@pytest.mark.usefixtures("loaded")
+def test_cuda_graph_hook(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_spec.plugin import hooks
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
 
-    assert hooks.GET_SPEC_INFO_TARGET in HookRegistry._patched
-    assert DecodeCudaGraphRunner.get_spec_info is not None
-
-    class MR:  # non-DDTREE runner: upstream behaviour untouched
-        spec_algorithm = type("A", (), {"name": "DFLASH"})()
-        is_draft_worker = False
-
-    class R:
-        model_runner = MR()
-
+    assert adapter.GET_SPEC_INFO_TARGET in HookRegistry._patched
     sentinel = object()
-    assert hooks.get_spec_info_around(lambda self, n: sentinel, R(), 4) is sentinel
+
+    def upstream(_self, _num_tokens):
+        return sentinel
+
+    # DFLASH runners and DDTREE's drafter runner keep upstream's capture.
+    assert hooks.get_spec_info_around(upstream, _graph_runner("DFLASH", False), 4) is sentinel
+    assert hooks.get_spec_info_around(upstream, _graph_runner("DDTREE", True), 4) is sentinel
+    # DDTREE's target runner captures a tree verify input over the graph's mask buffer.
+    cfg = DDTreeConfig(block_size=16, verify_width=33, topk_per_depth=5, tree_temperature=1.0)
+    monkeypatch.setattr(hooks, "runtime_config", lambda: cfg)
+    runner = _graph_runner("DDTREE", False, width=33)
+    vi = hooks.get_spec_info_around(upstream, runner, 4)
+    assert isinstance(vi, DDTreeVerifyInput)
+    assert vi.custom_mask is runner.buffers.custom_mask
+    assert vi.draft_token_num == 33 and vi.spec_steps == 15 and vi.topk == 5
+    assert vi.max_tree_depth == 16 and vi.tree_topk == -1 and vi.retrieve_index is None
+
+
+# ------------------------------------------------------------- the config
+
+
+def test_config_properties():
+    cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ={})
+    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 1.0)
+    assert cfg.eagle_topk == 64
+    env = {ENV_TOPK: "1", ENV_TREE_TEMPERATURE: "0.5"}
+    cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ=env)
+    assert (cfg.topk_per_depth, cfg.tree_temperature, cfg.eagle_topk) == (1, 0.5, 2)
+    assert DDTreeConfig.build(block_size=4, verify_width=3, environ={ENV_TOPK: "2"}).eagle_topk == 2
+    assert DDTreeConfig.build(block_size=4, verify_width=4, environ={ENV_TOPK: "3"}).eagle_topk == 3
+    with pytest.raises(AttributeError):
+        cfg.verify_width = 3  # frozen
+
+
+def test_config_from_spec():
+    spec = SimpleNamespace(speculative_dflash_block_size=8, speculative_num_draft_tokens=33)
+    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 1.0)
+    for missing in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
+        bad = SimpleNamespace(**{**vars(spec), missing: None})
+        with pytest.raises(RuntimeError, match="handle_server_args did not run"):
+            DDTreeConfig.from_spec(bad, environ={})
+
+
+def test_verify_widths(monkeypatch):
+    monkeypatch.setattr(algorithm, "runtime_config", lambda: DDTreeConfig(16, 65, 64, 1.0))
+    assert algorithm.get_num_tokens_per_req_for_target_verify(65, is_draft_worker=True) == 16
+    assert algorithm.get_num_tokens_per_req_for_target_verify(65, is_draft_worker=False) == 65
 
 
 # ------------------------------------------------------------- server args
 
 
-def test_valid_defaults(loaded, models):
-    cfg, _ = _resolve(models)
+@pytest.mark.usefixtures("loaded")
+def test_valid_defaults(models):
+    cfg, sa = _resolve(models, backend=None)
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_num_draft_tokens == 8  # budget = block - 1
     assert cfg.speculative_num_steps == 1
     assert cfg.speculative_eagle_topk == 7
     assert cfg.disable_overlap_schedule is True
-    assert cfg.speculative_draft_attention_backend is not None
+    assert cfg.enable_mixed_chunk is False
+    assert cfg.attention_backend == "flashinfer"  # declared when none is given
+    assert cfg.speculative_draft_attention_backend is not None  # upstream DFLASH handling ran
+    assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 8
 
 
-def test_valid_budget(loaded, models):
+@pytest.mark.usefixtures("loaded")
+def test_valid_budget(models):
     cfg, sa = _resolve(
         models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
     )
     assert cfg.speculative_num_draft_tokens == 33
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_eagle_topk == 32
-    assert P.resolve_max_speculative_num_draft_tokens(sa) == 33
+    assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 33
 
 
-def test_topk_env(loaded, models, monkeypatch):
-    monkeypatch.setenv(P.ENV_TOPK, "4")
-    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "17")
-    assert cfg.speculative_eagle_topk == 4
-    monkeypatch.setenv(P.ENV_TOPK, "1")
-    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "17")
-    assert cfg.speculative_eagle_topk == 2  # tree mode stays on
+@pytest.mark.usefixtures("loaded")
+@pytest.mark.parametrize("field", [f for f, _ in REFUSED_SWITCHES])
+def test_refused_switches(models, field):
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(DDTreeConfigError, match=f"does not support {flag} "):
+        _resolve(models, flag)
 
 
-@pytest.mark.parametrize(
-    "extra,kw,msg",
-    [
+# (refused: extra args, _resolve kwargs, message) -- (accepted neighbour: extra args, kwargs)
+BOUNDARIES = {
+    "draft path": (
         ((), {"draft": None}, "requires --speculative-draft-model-path"),
-        (("--speculative-num-draft-tokens", "1"), {}, "budget must be >= 1"),
-        (("--speculative-num-draft-tokens", "1025"), {}, "limit of 1024"),
-        (("--speculative-num-draft-tokens", "3"), {}, "too small for drafter block"),
-        (("--speculative-dflash-block-size", "16"), {}, "disagrees with the drafter"),
-        ((), {"draft": "draft_noblock"}, "could not determine the drafter block"),
-        (("--pp-size", "2"), {}, "pipeline parallel size 1"),
-        ((), {"backend": "torch_native"}, "per-request tree mask"),
-        ((), {"backend": "trtllm_mha"}, "per-request tree mask"),
-        (("--page-size", "16"), {}, "--page-size 1"),
-        (("--speculative-use-rejection-sampling",), {}, "rejection-sampling"),
-        (("--speculative-accept-threshold-single", "0.5"), {}, "lossy"),
-        (("--speculative-draft-window-size", "64"), {}, "draft-window-size"),
-    ],
-)
-def test_refusals(loaded, models, extra, kw, msg):
-    with pytest.raises(ValueError, match=msg):
-        _resolve(models, *extra, **kw)
+        ((), {}),
+    ),
+    "pp size": ((("--pp-size", "2"), {}, "only --pp-size 1"), (("--pp-size", "1"), {})),
+    "threshold single": (
+        (("--speculative-accept-threshold-single", "0.99"), {}, "threshold-single=0.99.*lossy"),
+        (("--speculative-accept-threshold-single", "1.0"), {}),
+    ),
+    "threshold acc": (
+        (("--speculative-accept-threshold-acc", "0.99"), {}, "threshold-acc=0.99.*lossy"),
+        (("--speculative-accept-threshold-acc", "1.0"), {}),
+    ),
+    "draft window": (
+        (("--speculative-draft-window-size", "1"), {}, "draft-window-size=1 "),
+        ((), {}),
+    ),
+    "PD disaggregation": (
+        (("--disaggregation-mode", "prefill"), {}, "disaggregation-mode prefill"),
+        (("--disaggregation-mode", "null"), {}),
+    ),
+    "block flag <= 0": (
+        (("--speculative-dflash-block-size", "0"), {}, "block-size=0 must be a positive"),
+        (("--speculative-dflash-block-size", "8"), {}),
+    ),
+    "block flag above the drafter's": (
+        (("--speculative-dflash-block-size", "9"), {}, "block-size=9 disagrees.*valid: 8"),
+        (("--speculative-dflash-block-size", "8"), {}),
+    ),
+    "block flag below the drafter's": (
+        (("--speculative-dflash-block-size", "7"), {}, "block-size=7 disagrees.*valid: 8"),
+        (("--speculative-dflash-block-size", "8"), {}),
+    ),
+    "block unknown": (
+        ((), {"draft": "draft_noblock"}, "could not determine the drafter block size"),
+        (("--speculative-dflash-block-size", "8"), {"draft": "draft_noblock"}),
+    ),
+    "block < 2": (
+        ((), {"draft": "draft1"}, "block size >= 2.*got block size 1"),
+        ((), {"draft": "draft2"}),
+    ),
+    "budget < 1": (
+        (("--speculative-num-draft-tokens", "1"), {"draft": "draft2"}, "leaves no draft node"),
+        (("--speculative-num-draft-tokens", "2"), {"draft": "draft2"}),
+    ),
+    # (the default --mamba-track-interval 256 would refuse both: see the mamba case)
+    "width > 1024": (
+        (
+            ("--speculative-num-draft-tokens", "1025", "--mamba-track-interval", "2048"),
+            {},
+            "=1025 exceeds.*limit of 1024",
+        ),
+        (("--speculative-num-draft-tokens", "1024", "--mamba-track-interval", "1024"), {}),
+    ),
+    "decode backend": (
+        ((), {"backend": "torch_native"}, "per-request tree mask; got 'torch_native'"),
+        ((), {"backend": "triton"}),
+    ),
+    "decode backend (trtllm)": (
+        ((), {"backend": "trtllm_mha"}, "per-request tree mask; got 'trtllm_mha'"),
+        ((), {"backend": "fa3"}),
+    ),
+    "prefill backend": (
+        (("--prefill-attention-backend", "torch_native"), {}, "prefill attention backend"),
+        (("--prefill-attention-backend", "triton"), {}),
+    ),
+    "page size": ((("--page-size", "2"), {}, "--page-size 1"), (("--page-size", "1"), {})),
+    "unified memory": (
+        (("--enable-unified-memory",), {}, "--enable-unified-memory"),
+        ((), {}),
+    ),
+    "mamba track interval": (
+        (("--mamba-track-interval", "7"), {}, "track-interval=7 is below.*width 8"),
+        (("--mamba-track-interval", "8"), {}),
+    ),
+    "drafter not DFlash": (
+        ((), {"draft": "target"}, "needs a DFlash drafter"),
+        ((), {}),
+    ),
+    # (SGLang itself reads the drafter config first, without the override arguments)
+    "drafter config unreadable": (
+        (("--json-model-override-args", "{bad"), {}, "could not read the DFlash drafter config"),
+        (("--json-model-override-args", "{}"), {}),
+    ),
+}
 
 
-def test_small_width_needs_the_reserve_patch(loaded, models, monkeypatch):
-    monkeypatch.setattr(P, "reserve_patch_applied", lambda: False)
-    with pytest.raises(ValueError, match="sglang-spec patch apply"):
+@pytest.mark.usefixtures("loaded", "unpatched")
+@pytest.mark.parametrize("case", list(BOUNDARIES))
+def test_refusal_boundaries(models, case):
+    (bad_args, bad_kw, msg), (good_args, good_kw) = BOUNDARIES[case]
+    with pytest.raises(DDTreeConfigError, match=msg):
+        _resolve(models, *bad_args, **bad_kw)
+    cfg, _ = _resolve(models, *good_args, **good_kw)
+    assert cfg.speculative_algorithm == "DDTREE"
+
+
+@pytest.mark.usefixtures("loaded", "unpatched")
+def test_small_width_needs_the_reserve_patch(models, monkeypatch):
+    # B = 8: the unpatched reserve 2N must cover the block, so N = 4 is the smallest width.
+    with pytest.raises(DDTreeConfigError, match="num-draft-tokens=3 is too small.*>= 4"):
         _resolve(models, "--speculative-num-draft-tokens", "3")
-    monkeypatch.setattr(P, "reserve_patch_applied", lambda: True)
+    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "4")
+    assert cfg.speculative_num_draft_tokens == 4
+    monkeypatch.setattr(config, "reserve_patch_applied", lambda: True)
     cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "3")
     assert cfg.speculative_num_draft_tokens == 3 and cfg.speculative_dflash_block_size == 8
 
 
-def test_bad_topk_env(loaded, models, monkeypatch):
-    monkeypatch.setenv(P.ENV_TOPK, "99")
-    with pytest.raises(ValueError, match="out of range"):
-        _resolve(models)
-    monkeypatch.setenv(P.ENV_TOPK, "x")
-    with pytest.raises(ValueError, match="not an integer"):
-        _resolve(models)
+@pytest.mark.usefixtures("loaded")
+def test_topk_env(models, monkeypatch):
+    # budget 16: K in 1..16
+    for k, eagle_topk in (("1", 2), ("4", 4), ("16", 16), ("", 16)):
+        monkeypatch.setenv(ENV_TOPK, k)
+        cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "17")
+        assert cfg.speculative_eagle_topk == eagle_topk  # tree mode stays on at K = 1
+    for bad, msg in (("0", "=0 is out of range"), ("17", "=17 is out of range"), ("x", "'x'")):
+        monkeypatch.setenv(ENV_TOPK, bad)
+        with pytest.raises(DDTreeConfigError, match=f"{msg}.*valid: 1..budget=16"):
+            _resolve(models, "--speculative-num-draft-tokens", "17")
 
 
-def test_tree_temperature_env(loaded, models, monkeypatch):
-    monkeypatch.setenv(P.ENV_TREE_TEMPERATURE, "0.5")
-    _resolve(models)  # accepted
-    assert P.parse_tree_temperature_env() == 0.5
-    monkeypatch.delenv(P.ENV_TREE_TEMPERATURE)
-    assert P.parse_tree_temperature_env() == 1.0
+@pytest.mark.usefixtures("loaded")
+def test_tree_temperature_env(models, monkeypatch):
+    for good in ("0.5", "1e-3", ""):
+        monkeypatch.setenv(ENV_TREE_TEMPERATURE, good)
+        _resolve(models)
+    assert config.parse_tree_temperature("0.5") == 0.5
+    assert config.parse_tree_temperature(None) == 1.0
     for bad in ("0", "-2", "nan", "inf", "warm"):
-        monkeypatch.setenv(P.ENV_TREE_TEMPERATURE, bad)
-        with pytest.raises(
-            ValueError, match=f"SGLANG_DDTREE_TREE_TEMPERATURE={bad!r} is not valid"
-        ):
+        monkeypatch.setenv(ENV_TREE_TEMPERATURE, bad)
+        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid"):
             _resolve(models)
 
 
-def test_drafter_not_dflash(loaded, models):
-    with pytest.raises(ValueError, match="needs a DFlash drafter"):
-        _resolve(models, draft="target")
-
-
-def test_verify_widths(monkeypatch):
-    monkeypatch.setattr(P, "_spec_block_size", lambda: 16)
-    assert P.get_num_tokens_per_req_for_target_verify(65, is_draft_worker=True) == 16
-    assert P.get_num_tokens_per_req_for_target_verify(65, is_draft_worker=False) == 65
+@pytest.mark.usefixtures("loaded")
+def test_block_verification_and_adaptive_never_reach_ddtree(models):
+    """SGLang itself refuses block verification for DDTREE (speculative_hook.py:175) and turns
+    adaptive speculation off (EAGLE only, _maybe_disable_adaptive) before the plug-in runs, so the
+    plug-in has no check of its own; this pins that upstream behaviour."""
+    with pytest.raises(ValueError, match="block-verification only supports"):
+        _resolve(models, "--speculative-use-block-verification")
+    cfg, _ = _resolve(models, "--speculative-adaptive")
+    assert cfg.speculative_adaptive is False
 
 
 # ------------------------------------------------------- decode-step pieces
 
 
-def test_verify_input_class(loaded):
-    from sglang_spec.plugin.worker import DDTreeVerifyInput
-
-    vi = DDTreeVerifyInput(
-        draft_token=torch.zeros(6, dtype=torch.int64),
-        custom_mask=None,
-        positions=torch.zeros(6, dtype=torch.int64),
-        retrieve_index=torch.zeros(2, 3, dtype=torch.int64),
-        retrieve_next_token=torch.zeros(2, 3, dtype=torch.int64),
-        retrieve_next_sibling=torch.zeros(2, 3, dtype=torch.int64),
-        retrieve_cum_len=None,
-        spec_steps=7,
-        topk=2,
-        draft_token_num=3,
-        capture_hidden_mode=None,
-        seq_lens_sum=None,
-        seq_lens_cpu=None,
-    )
-    assert vi.max_tree_depth == 8 and vi.tree_topk == -1
-    assert vi.num_tokens_per_req == 3 and vi.is_verify_input()
-
-
-class _Head:
-    def __init__(self, weight, shard=None):
-        self.weight = weight
-        if shard is not None:
-            self.shard_indices = shard
-
-
-class _Shard:
-    def __init__(self, start, n, padded):
-        self.org_vocab_start_index = start
-        self.num_org_elements = n
-        self.num_org_elements_padded = padded
-        self.num_added_elements = 0
-        self.added_vocab_start_index = 0
-
-
-def test_local_vocab_logits_drops_padding():
-    from sglang_spec.plugin.worker import local_vocab_logits
-
-    torch.manual_seed(0)
-    w = torch.randn(12, 8)
-    head = _Head(w, _Shard(start=100, n=10, padded=12))
-    logits, ids = local_vocab_logits(torch.randn(3, 8), head)
-    assert logits.shape == (3, 10) and ids.tolist() == list(range(100, 110))
-
-
-def test_sharded_topk_matches_full_vocab():
-    from sglang_spec import tree
-    from sglang_spec.plugin.worker import local_vocab_logits, sharded_topk
-
-    torch.manual_seed(0)
-    V, H, bs, L, k = 40, 16, 2, 5, 6
-    w = torch.randn(V, H)
-    hid = torch.randn(bs, L, H)
-    ref = torch.log_softmax(hid.reshape(-1, H) @ w.T, -1).topk(k, -1)
-    logq, ids = sharded_topk(hid, _Head(w), k)
-    torch.testing.assert_close(logq.reshape(-1, k), ref.values, rtol=1e-5, atol=1e-5)
-    assert torch.equal(ids.reshape(-1, k), ref.indices)
-
-    # Two vocab shards (20 rows each, padded to 24), merged without the vocab.
-    vals, idss, lses = [], [], []
-    for r in range(2):
-        wp = torch.zeros(24, H)
-        wp[:20] = w[r * 20 : (r + 1) * 20]
-        lg, vid = local_vocab_logits(hid.reshape(-1, H), _Head(wp, _Shard(r * 20, 20, 24)))
-        v, i = lg.topk(k, -1)
-        vals.append(v.view(bs, L, k))
-        idss.append(vid[i].view(bs, L, k))
-        lses.append(torch.logsumexp(lg, -1).view(bs, L))
-    logq2, ids2 = tree.merge_sharded_topk(
-        torch.stack(vals), torch.stack(idss), torch.stack(lses), k
-    )
-    torch.testing.assert_close(logq2, logq, rtol=1e-5, atol=1e-5)
-    assert torch.equal(ids2, ids)
-
-
-def test_sharded_topk_tree_temperature():
-    from sglang_spec import tree
-    from sglang_spec.plugin.worker import sharded_topk
-
-    torch.manual_seed(1)
-    V, H, bs, L, k = 40, 16, 2, 5, 6
-    w = torch.randn(V, H)
-    hid = torch.randn(bs, L, H)
-    logq, ids = sharded_topk(hid, _Head(w), k, temperature=0.5)
-    ref_logq, ref_ids = tree.draft_topk((hid @ w.T).float(), k, temperature=0.5)
-    torch.testing.assert_close(logq, ref_logq, rtol=1e-5, atol=1e-5)
-    assert torch.equal(ids, ref_ids)
-
-
-def test_tree_abi_to_verify_input():
+@pytest.mark.usefixtures("loaded")
+def test_verify_input_from_tree():
     from sglang_spec import tree as tree_mod
-    from sglang_spec.plugin.worker import build_verify_input
+    from sglang_spec.plugin.verify_input import verify_input_from_tree
 
     torch.manual_seed(0)
     bs, L, V, budget = 2, 4, 50, 6
@@ -393,28 +434,104 @@ def test_tree_abi_to_verify_input():
     roots = torch.tensor([3, 7])
     tree = tree_mod.build_ddtree(logits, budget, roots)
     n = budget + 1
+    cfg = DDTreeConfig(block_size=L + 1, verify_width=n, topk_per_depth=3, tree_temperature=1.0)
     seq_lens = torch.tensor([5, 9])
-    vi = build_verify_input(
-        tree, seq_lens, horizon=L, eagle_topk=2, seq_lens_sum=int(seq_lens.sum())
-    )
-    abi = tree_mod.sglang_tree_abi(tree, seq_lens, seq_lens_sum=int(seq_lens.sum()))
+    total = int(seq_lens.sum())
+    vi = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total)
+    abi = tree_mod.sglang_tree_abi(tree, seq_lens, seq_lens_sum=total)
     assert vi.draft_token_num == n and vi.max_tree_depth == L + 1 and vi.tree_topk == -1
+    assert vi.topk == 3 and vi.seq_lens_sum == total
     for f in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         t = getattr(vi, f)
         assert t.shape == (bs, n) and t.dtype == torch.int64
         assert torch.equal(t, getattr(abi, f))
-    assert vi.draft_token.shape == (bs * n,) and vi.draft_token.dtype == torch.int64
-    assert vi.positions.shape == (bs * n,) and vi.positions.dtype == torch.int64
+    assert torch.equal(vi.draft_token, abi.draft_tokens) and vi.draft_token.shape == (bs * n,)
+    assert torch.equal(vi.positions, abi.positions) and vi.positions.dtype == torch.int64
     assert torch.equal(vi.draft_token.view(bs, n)[:, 0], roots)
     assert vi.retrieve_index.tolist() == [[b * n + i for i in range(n)] for b in range(bs)]
     assert vi.custom_mask.dtype == torch.bool
-    assert vi.custom_mask.numel() == n * int(seq_lens.sum()) + bs * n * n
-    # Written in place into a (larger) captured buffer, as the graph needs.
+    assert vi.custom_mask.numel() == n * total + bs * n * n
+    assert torch.equal(vi.custom_mask, abi.tree_mask)
+    assert vi.num_tokens_per_req == n and vi.is_verify_input()
+    # Written in place into a (larger) captured buffer, as the graph needs ...
     buf = torch.zeros(10_000, dtype=torch.uint8)
-    vi2 = build_verify_input(
-        tree, seq_lens, horizon=L, eagle_topk=2, seq_lens_sum=int(seq_lens.sum()), mask_buffer=buf
-    )
+    vi2 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=buf)
     assert vi2.custom_mask is buf
     assert torch.equal(buf[: vi.custom_mask.numel()].bool(), vi.custom_mask)
-    # The EagleVerifyInput CSR mask-size padding accepts it.
-    assert vi.num_tokens_per_req == n
+    # ... but never into one too small for it.
+    small = torch.zeros(vi.custom_mask.numel() - 1, dtype=torch.uint8)
+    vi3 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=small)
+    assert vi3.custom_mask is not small and not small.any()
+
+
+STAGES = ("draft", "topk", "tree", "verify", "walk", "commit", "append_context")
+
+
+def _staged_worker(calls):
+    """A DDTreeWorker without SGLang runners: each stage records its call and returns a token."""
+    from sglang_spec.plugin.worker import Committed, DDTreeWorker, DraftOutput, Verified, Walked
+
+    worker = object.__new__(DDTreeWorker)
+    worker.config = DDTreeConfig(
+        block_size=4, verify_width=5, topk_per_depth=4, tree_temperature=1.0
+    )
+    worker.device = torch.device("cpu")
+    out = SimpleNamespace(hidden_states=torch.zeros(2, 3))
+    verified = Verified(
+        logits_output=out, forward_batch="fb", can_run_cuda_graph=True, grammar_mask=None
+    )
+    walked = Walked(torch.arange(10), torch.tensor([2, 1]), torch.zeros(2, 4, dtype=torch.long))
+    committed = Committed(
+        torch.arange(10) + 1, torch.tensor([9, 8]), torch.tensor([5, 6]), torch.tensor([7, 7])
+    )
+    results = {
+        "draft": DraftOutput(hidden=torch.zeros(2, 4, 3), root_tokens=torch.tensor([1, 2])),
+        "topk": ("logq", "ids"),
+        "tree": "verify_input",
+        "verify": verified,
+        "walk": walked,
+        "commit": committed,
+        "append_context": None,
+    }
+
+    def stage(name):
+        def run(*args):
+            calls.append((name, args))
+            return results[name]
+
+        return run
+
+    for name in STAGES:
+        setattr(worker, f"{name}_stage", stage(name))
+    return worker, results
+
+
+@pytest.mark.usefixtures("loaded")
+def test_decode_step_runs_the_stages_in_order():
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    calls = []
+    worker, r = _staged_worker(calls)
+    batch = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+        is_extend_in_batch=False,
+        spec_info=DFlashDraftInputV2.create_idle_input(device="cpu"),
+    )
+    published = []
+    res = worker.forward_batch_generation(batch, on_publish=published.append, grammar_barrier="gb")
+    assert [name for name, _ in calls] == list(STAGES)
+    args = dict(calls)
+    assert args["draft"] == (batch, batch.spec_info)
+    assert args["topk"] == (r["draft"].hidden,)
+    assert args["tree"] == (batch, "logq", "ids", r["draft"].root_tokens)
+    assert args["verify"] == (batch, "verify_input", "gb")
+    assert args["walk"] == (batch, "verify_input", r["verify"])
+    assert args["commit"] == (batch, r["verify"], r["walk"], published.append)
+    assert args["append_context"] == (batch, r["verify"], r["walk"], r["commit"])
+    assert res.next_token_ids is r["commit"].predict
+    assert res.accept_lens is r["walk"].accept_lens and res.accept_index is r["walk"].accept_index
+    assert res.new_seq_lens is r["commit"].new_seq_lens
+    assert torch.equal(res.next_draft_input.bonus_tokens, r["commit"].bonus)
+    assert res.speculative_num_draft_tokens == 5 and res.can_run_cuda_graph is True
+    assert res.extra_keep_alive_refs == ["fb"]
+    assert res.logits_output.hidden_states is None  # not kept past the step

@@ -1,55 +1,37 @@
-"""HookRegistry hooks DDTREE needs in SGLang 0.5.23 (see docs/plugin-design.md).
+"""HookRegistry hooks DDTREE needs in SGLang 0.5.23 (see docs/plugin-design.md §4).
 
-H1  DecodeCudaGraphRunner.get_spec_info (AROUND): the target runner of a
-    DFLASH-family algorithm captures its TARGET_VERIFY graph with a
-    DFlashVerifyInput and custom_mask=None (decode_cuda_graph_runner.py:2106),
-    i.e. a causal chain.  A DDTREE target must capture with a tree verify input
-    (an EagleVerifyInput subclass carrying the graph's custom_mask buffer and
-    topk>1) so replay uses the tree mask and refreshes the GDN retrieve_*
-    buffers.  The drafter runner keeps upstream's capture.
+H1  ``DecodeCudaGraphRunner.get_spec_info`` (AROUND, :data:`adapter.GET_SPEC_INFO_TARGET`): the
+    target runner of a DFLASH-family algorithm captures its TARGET_VERIFY graph with a
+    DFlashVerifyInput and custom_mask=None (decode_cuda_graph_runner.py:2106), i.e. a causal
+    chain. A DDTREE target must capture with a tree verify input (an EagleVerifyInput subclass
+    carrying the graph's custom_mask buffer and topk > 1) so replay uses the tree mask and
+    refreshes the GDN retrieve_* buffers. The drafter runner keeps upstream's capture.
 """
 
 from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("sglang_spec.plugin")
+from sglang_spec.plugin import adapter
+from sglang_spec.plugin.config import ALGORITHM_NAME, runtime_config
 
-GET_SPEC_INFO_TARGET = (
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
-)
+logger = logging.getLogger("sglang_spec.plugin")
 
 _hooks_registered = False
 
 
 def is_ddtree(spec_algorithm) -> bool:
-    return getattr(spec_algorithm, "name", None) == "DDTREE"
+    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
 
 
 def get_spec_info_around(original, self, num_tokens, *args, **kwargs):
     mr = self.model_runner
     if not is_ddtree(mr.spec_algorithm) or mr.is_draft_worker:
         return original(self, num_tokens, *args, **kwargs)
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.runtime_context import get_spec
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
 
-    from sglang_spec.plugin.worker import DDTreeVerifyInput
-
-    spec = get_spec()
-    return DDTreeVerifyInput(
-        draft_token=None,
-        custom_mask=self.buffers.custom_mask,
-        positions=None,
-        retrieve_index=None,
-        retrieve_next_token=None,
-        retrieve_next_sibling=None,
-        retrieve_cum_len=None,
-        spec_steps=int(spec.speculative_dflash_block_size) - 1,
-        topk=int(spec.speculative_eagle_topk),
-        draft_token_num=int(self.captured_req_width),
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=None,
-        seq_lens_cpu=None,
+    return DDTreeVerifyInput.create(
+        runtime_config(), width=self.captured_req_width, custom_mask=self.buffers.custom_mask
     )
 
 
@@ -59,5 +41,5 @@ def register_hooks() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(GET_SPEC_INFO_TARGET, get_spec_info_around, HookType.AROUND)
+    HookRegistry.register(adapter.GET_SPEC_INFO_TARGET, get_spec_info_around, HookType.AROUND)
     _hooks_registered = True

@@ -1,0 +1,680 @@
+"""Every SGLang internal the DDTREE plug-in relies on, named in one place.
+
+SGLang has no stable API for a speculative algorithm living outside its tree, so the plug-in leans
+on three kinds of internals:
+
+* **private** functions and private members of SGLang objects (``DFlashWorkerV2``'s draft-block
+  buffers and helpers, the argument-resolution stand-in's record, EAGLE's tree compaction): the
+  rest of the plug-in reaches them only through the functions below;
+* **hook targets**: dotted paths that ``HookRegistry`` patches (:data:`GET_SPEC_INFO_TARGET`);
+* the **public** SGLang names the plug-in imports, the members it reads on SGLang objects, and
+  the methods it overrides.
+
+:data:`EXPECTED` holds, for every pinned SGLang version, what the plug-in expects of each of them
+(present; for a callable its parameters). :func:`missing_internals` checks the installed SGLang
+against it, and ``tests/test_adapter.py`` runs that check in CI, so an upstream rename fails with
+the internal's name and the SGLang version instead of crashing a server. A second pin is one more
+entry of :data:`EXPECTED` (copy the last one and edit what changed).
+
+Nothing here imports SGLang at module import time.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sglang_spec.tree.topk import AllGather, VocabShard
+
+# ------------------------------------------------------------------ expectations (data)
+
+
+@dataclass(frozen=True)
+class Sig:
+    """A callable whose ``inspect.signature`` parameters are exactly ``params``, in order."""
+
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Kw:
+    """A callable (a dataclass constructor, usually) accepting at least these keyword parameters."""
+
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Member:
+    """An attribute the class defines, declares, or assigns on ``self`` in one of its methods."""
+
+
+@dataclass(frozen=True)
+class Exists:
+    """Importable (a class the plug-in subclasses or tests with ``isinstance``, an enum member)."""
+
+
+Expectation = Sig | Kw | Member | Exists
+
+# HookRegistry AROUND hook (hooks.py): the target runner's CUDA-graph capture spec_info.
+GET_SPEC_INFO_TARGET = (
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+)
+
+# DFlashWorkerV2 methods DDTreeWorker overrides (the only private upstream names it may define).
+OVERRIDES = ("_maybe_build_draft_sampler",)
+
+_DRAFT_BLOCK_BUFFERS = (
+    "_draft_block_ids_buf",
+    "_draft_block_positions_buf",
+    "_draft_block_tokens_buf",
+    "_draft_verify_out_cache_loc_buf",
+    "_draft_block_end_buf",
+    "_draft_seq_lens_cpu_buf",
+)
+
+_W = "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2"
+_FBI = "sglang.srt.model_executor.forward_batch_info"
+_SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+_OVERRIDES_MOD = "sglang.srt.arg_groups.overrides"
+_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner"
+
+# Keys are "module:qualified.name"; every `from sglang... import X` in sglang_spec/plugin must
+# appear here (tests/test_adapter.py checks that too).
+_SGLANG_0_5_23: dict[str, Expectation] = {
+    # --- server-argument resolution (config.py)
+    f"{_OVERRIDES_MOD}:resolving_view": Sig(("server_args",)),
+    f"{_OVERRIDES_MOD}:resolved_view": Sig(("server_args",)),
+    f"{_OVERRIDES_MOD}:declare_resolution": Sig(("server_args", "source", "fields")),
+    f"{_OVERRIDES_MOD}:attention_backends_of": Sig(("cfg",)),
+    f"{_OVERRIDES_MOD}:_ForeignDefaults": Exists(),
+    f"{_OVERRIDES_MOD}:_ForeignDefaults._cfg": Member(),
+    "sglang.srt.arg_groups.model_override_base:record_of": Sig(("view",)),
+    "sglang.srt.arg_groups.model_override_base:ResolvingConfig": Exists(),
+    "sglang.srt.arg_groups.speculative_hook:_handle_dflash": Sig(("server_args",)),
+    "sglang.srt.utils.hf_transformers_utils:get_config": Sig(
+        (
+            "model",
+            "trust_remote_code",
+            "revision",
+            "model_override_args",
+            "model_config_parser",
+            "kwargs",
+        )
+    ),
+    "sglang.srt.speculative.dflash_utils:parse_dflash_draft_config": Sig(("draft_hf_config",)),
+    "sglang.srt.speculative.dflash_utils:DFlashDraftConfig.resolve_block_size": Sig(
+        ("self", "default")
+    ),
+    # --- registration (algorithm.py, hooks.py)
+    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm": Exists(),
+    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.DFLASH": Exists(),
+    "sglang.srt.speculative.spec_info:SpeculativeAlgorithm.register": Sig(
+        ("name", "supports_overlap", "validate_server_args", "spec_class")
+    ),
+    "sglang.srt.speculative.spec_registry:CustomSpecAlgo": Exists(),
+    "sglang.srt.speculative.spec_registry:get_spec": Sig(("name",)),
+    "sglang.srt.managers.overlap_utils:FutureMap": Sig(
+        ("device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens", "needs_confidence_relay")
+    ),
+    "sglang.srt.runtime_context:get_spec": Sig(()),
+    "sglang.srt.runtime_context:get_parallel": Sig(()),
+    "sglang.srt.plugins.hook_registry:HookRegistry": Exists(),
+    "sglang.srt.plugins.hook_registry:HookType": Exists(),
+    "sglang.srt.plugins.hook_registry:HookRegistry.register": Sig(
+        ("target", "hook", "hook_type", "source")
+    ),
+    "sglang.srt.plugins.hook_registry:HookType.AROUND": Exists(),
+    f"{_RUNNER}.get_spec_info": Sig(("self", "num_tokens")),
+    f"{_RUNNER}.model_runner": Member(),
+    f"{_RUNNER}.buffers": Member(),
+    f"{_RUNNER}.captured_req_width": Member(),
+    # --- the verify input (verify_input.py)
+    "sglang.srt.speculative.eagle_info:EagleVerifyInput": Kw(
+        (
+            "draft_token",
+            "custom_mask",
+            "positions",
+            "retrieve_index",
+            "retrieve_next_token",
+            "retrieve_next_sibling",
+            "retrieve_cum_len",
+            "spec_steps",
+            "topk",
+            "draft_token_num",
+            "capture_hidden_mode",
+            "seq_lens_sum",
+            "seq_lens_cpu",
+        )
+    ),
+    f"{_FBI}:CaptureHiddenMode": Exists(),
+    # --- the worker (worker.py) and DFlashWorkerV2's private state
+    _W: Exists(),
+    f"{_W}.__init__": Sig(("self", "server_args", "gpu_id", "nccl_port", "target_worker")),
+    f"{_W}.forward_batch_generation": Sig(
+        ("self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors")
+    ),
+    f"{_W}._maybe_build_draft_sampler": Sig(("self",)),
+    f"{_W}._ensure_draft_block_buffers": Sig(("self", "bs")),
+    f"{_W}._make_next_draft_input_decode": Sig(("self", "bonus_tokens", "new_seq_lens")),
+    f"{_W}._append_target_hidden_to_draft_kv_by_loc": Sig(
+        (
+            "self",
+            "target_hidden",
+            "cache_loc",
+            "positions",
+            "cache_loc_2d",
+            "commit_lens",
+            "extend_lens",
+        )
+    ),
+    **{f"{_W}.{name}": Member() for name in _DRAFT_BLOCK_BUFFERS},
+    f"{_W}._block_pos_offsets": Member(),
+    f"{_W}._draft_block_spec_info": Member(),
+    f"{_W}._mask_token_id": Member(),
+    f"{_W}._full_embed_gpu": Member(),
+    f"{_W}._noise_embed_scale": Member(),
+    f"{_W}._is_domino": Member(),
+    f"{_W}.selector": Member(),
+    f"{_W}.lilicorr": Member(),
+    f"{_W}.use_compact_draft_cache": Member(),
+    f"{_W}.block_size": Member(),
+    f"{_W}.speculative_num_draft_tokens": Member(),
+    f"{_W}.draft_model": Member(),
+    f"{_W}.draft_model_runner": Member(),
+    f"{_W}.draft_parallel_layout": Member(),
+    "sglang.srt.speculative.dflash_worker_v2:_resolve_dflash_embedding_module": Sig(
+        ("draft_model", "target_model")
+    ),
+    "sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2": Exists(),
+    "sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2.create_idle_input": Sig(("device",)),
+    "sglang.srt.speculative.draft_worker_common:build_block_pos_offsets": Sig(("length", "device")),
+    "sglang.srt.speculative.draft_worker_common:make_draft_block_spec_info": Sig(
+        ("draft_token_num", "device")
+    ),
+    f"{_FBI}:ForwardBatch": Kw(
+        (
+            "forward_mode",
+            "batch_size",
+            "input_ids",
+            "req_pool_indices",
+            "seq_lens",
+            "out_cache_loc",
+            "seq_lens_sum",
+            "seq_lens_cpu",
+            "positions",
+            "input_embeds",
+            "spec_algorithm",
+            "spec_info",
+            "capture_hidden_mode",
+            "num_token_non_padded",
+            "global_num_token_non_padded_cpu",
+            "can_run_decode_cuda_graph",
+        )
+    ),
+    f"{_FBI}:ForwardMode": Exists(),
+    f"{_FBI}:ForwardMode.TARGET_VERIFY": Exists(),
+    f"{_FBI}:enable_num_token_non_padded": Sig(()),
+    "sglang.srt.managers.utils:GenerationBatchResult": Kw(
+        (
+            "logits_output",
+            "next_token_ids",
+            "accept_lens",
+            "accept_index",
+            "can_run_cuda_graph",
+            "next_draft_input",
+            "speculative_num_draft_tokens",
+            "new_seq_lens",
+            "extra_keep_alive_refs",
+        )
+    ),
+    "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_func": Sig(
+        (
+            "req_pool_indices",
+            "req_to_token",
+            "start_offset",
+            "end_offset",
+            "batch_size",
+            "draft_token_num",
+            "device",
+        )
+    ),
+    "sglang.srt.lora.layers:unwrap_lora_layer": Sig(("module",)),
+    f"{_SPEC_UTILS}:draft_tp_context": Sig(("layout",)),
+    f"{_SPEC_UTILS}:GrammarTree": Exists(),
+    f"{_SPEC_UTILS}:GrammarTree.from_device": Sig(
+        ("retrieve_next_token", "retrieve_next_sibling", "draft_token")
+    ),
+    f"{_SPEC_UTILS}:build_grammar_vocab_mask": Sig(
+        ("reqs", "tree", "sampling_info", "device", "barrier")
+    ),
+    f"{_SPEC_UTILS}:commit_mamba_states_after_verify": Sig(
+        (
+            "target_worker",
+            "batch",
+            "accept_lens",
+            "accept_index",
+            "draft_token_num",
+            "prepared_step_indices",
+        )
+    ),
+    "sglang.srt.speculative.eagle_utils:eagle_prepare_for_verify": Sig(
+        ("verify_input", "req_to_token_pool", "batch", "target_worker")
+    ),
+    "sglang.srt.speculative.eagle_utils:eagle_sample": Sig(
+        (
+            "verify_input",
+            "batch",
+            "logits_output",
+            "grammar_mask",
+            "uno_target_max_top_k",
+            "watermark_state",
+            "watermark_full_mask",
+        )
+    ),
+    "sglang.kernels.ops.speculative.eagle:prepare_verify_commit_outputs": Sig(
+        (
+            "predict",
+            "accept_index",
+            "accept_lens",
+            "seq_lens",
+            "num_draft_tokens",
+            "mamba_track_interval",
+        )
+    ),
+    "sglang.srt.layers.logprob_processor:compute_spec_logprobs": Sig(
+        ("batch", "logits_output", "predict", "accept_index", "chain_stride")
+    ),
+    "sglang.srt.speculative.eagle_worker_common:_finalize_accept_tree_path": Sig(
+        (
+            "batch",
+            "accept_index",
+            "accept_lens",
+            "predict",
+            "logits_output",
+            "bs",
+            "token_to_kv_pool_allocator",
+            "num_draft_tokens",
+        )
+    ),
+    # --- SGLang objects the worker reads and calls (public members)
+    **{
+        f"sglang.srt.managers.schedule_batch:ScheduleBatch.{f}": Member()
+        for f in (
+            "forward_mode",
+            "is_extend_in_batch",
+            "spec_info",
+            "seq_lens",
+            "seq_lens_cpu",
+            "seq_lens_sum",
+            "req_pool_indices",
+            "out_cache_loc",
+            "can_run_decode_cuda_graph",
+            "has_grammar",
+            "reqs",
+            "sampling_info",
+            "return_logprob",
+        )
+    },
+    **{
+        f"sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2.{f}": Member()
+        for f in ("bonus_tokens", "new_seq_lens", "nxt_kv_lens_cpu", "nxt_kv_lens_sum")
+    },
+    **{
+        f"sglang.srt.model_executor.model_runner:ModelRunner.{f}": Member()
+        for f in (
+            "model",
+            "kv_index_translator",
+            "attn_backend",
+            "decode_cuda_graph_runner",
+            "req_to_token_pool",
+            "token_to_kv_pool_allocator",
+            "watermark_state",
+        )
+    },
+    "sglang.srt.model_executor.model_runner:ModelRunner.forward": Kw(("forward_batch",)),
+    f"{_RUNNER}.bs": Member(),
+    "sglang.srt.managers.tp_worker:TpModelWorker.forward_batch_generation": Kw(
+        ("batch", "forward_batch", "is_verify")
+    ),
+    "sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator.plan": Kw(
+        ("req_pool_indices", "seq_lens", "seq_lens_cpu", "write_virtual", "read_extent")
+    ),
+    "sglang.srt.mem_cache.kv_loc_plan:KVLocPlan.bind": Sig(("self", "batch", "reader", "cols")),
+    "sglang.srt.layers.attention.base_attn_backend:AttentionBackend.verify_mask": Member(),
+    "sglang.srt.layers.attention.base_attn_backend:AttentionBackend"
+    ".update_verify_buffers_to_fill_after_draft": Sig(("self", "spec_info", "cuda_graph_bs")),
+    "sglang.srt.layers.attention.verify_mask:VerifyMask.buffer": Member(),
+    "sglang.srt.layers.attention.verify_mask:VerifyMask.mode": Member(),
+    "sglang.srt.layers.attention.verify_mask:VerifyMask.fits": Sig(("self", "bs")),
+    "sglang.srt.layers.logits_processor:LogitsProcessorOutput.hidden_states": Member(),
+    "sglang.srt.models.dflash:DFlashDraftModel.set_block_size": Sig(("self", "block_size")),
+    # --- the vocabulary-parallel LM head (topk_stage) and the TP group
+    "sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.shard_indices": Member(),
+    **{
+        f"sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbeddingShardIndices.{f}": (
+            Member()
+        )
+        for f in (
+            "org_vocab_start_index",
+            "num_org_elements",
+            "num_org_elements_padded",
+            "added_vocab_start_index",
+            "num_added_elements",
+        )
+    },
+    "sglang.srt.distributed.parallel_state:GroupCoordinator.all_gather_into_tensor": Sig(
+        ("self", "output", "input")
+    ),
+    "sglang.srt.distributed.parallel_state:GroupCoordinator.world_size": Member(),
+}
+
+# SGLang version -> what the plug-in expects of it.
+EXPECTED: dict[str, dict[str, Expectation]] = {"0.5.23": _SGLANG_0_5_23}
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def installed_sglang_version() -> str:
+    import sglang
+
+    return str(sglang.__version__)
+
+
+def _resolve(key: str) -> Any:
+    module, _, qualname = key.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@functools.cache
+def _assigned_on_self(cls: type) -> frozenset[str]:
+    """Names a class's own methods assign on ``self`` (instance attributes)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign | ast.AugAssign)
+            else []
+        )
+        for t in targets:
+            if (
+                isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name)
+                and t.value.id == "self"
+            ):
+                names.add(t.attr)
+    return frozenset(names)
+
+
+def _has_member(cls: type, name: str) -> bool:
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        if name in vars(klass) or name in getattr(klass, "__annotations__", {}):
+            return True
+        if name in _assigned_on_self(klass) or name in getattr(klass, "__slots__", ()):
+            return True
+    return False
+
+
+def _problem(key: str, want: Expectation) -> str | None:
+    """Why ``key`` does not meet ``want`` in the installed SGLang, or None."""
+    if isinstance(want, Member):
+        owner_key, _, name = key.rpartition(".")
+        try:
+            owner = _resolve(owner_key)
+        except (ImportError, AttributeError) as e:
+            return f"{owner_key} is missing ({type(e).__name__}: {e})"
+        if not _has_member(owner, name):
+            return f"{key} is missing: {owner.__name__} no longer defines or assigns {name!r}"
+        return None
+    try:
+        obj = _resolve(key)
+    except (ImportError, AttributeError) as e:
+        return f"{key} is missing ({type(e).__name__}: {e})"
+    if isinstance(want, Exists):
+        return None
+    try:
+        have = tuple(inspect.signature(obj).parameters)
+    except (TypeError, ValueError) as e:
+        return f"{key} has no inspectable signature ({e})"
+    if isinstance(want, Sig) and have != want.params:
+        return f"{key} has parameters {have}, expected {want.params}"
+    if isinstance(want, Kw) and (absent := [p for p in want.params if p not in have]):
+        return f"{key} no longer accepts {absent} (has {have})"
+    return None
+
+
+def missing_internals(version: str | None = None) -> list[str]:
+    """One line per expectation the installed SGLang does not meet (empty when all hold).
+
+    ``version`` selects the expectations (default: the installed SGLang's version); a version
+    with no entry in :data:`EXPECTED` is itself reported.
+    """
+    installed = installed_sglang_version()
+    version = installed if version is None else version
+    if version not in EXPECTED:
+        return [
+            f"SGLang {version} is not a pinned version of the DDTREE plug-in "
+            f"(pinned: {', '.join(sorted(EXPECTED))}); add its internals to "
+            "sglang_spec.plugin.adapter.EXPECTED"
+        ]
+    problems = (_problem(key, want) for key, want in EXPECTED[version].items())
+    return [f"SGLang {installed}: {p}" for p in problems if p is not None]
+
+
+# ------------------------------------------------------ server arguments (config.py)
+
+
+def real_server_args(server_args: Any) -> Any:
+    """The ServerArgs record behind SGLang's plug-in stand-in (``overrides._ForeignDefaults``),
+    which ``declare_resolution`` needs; anything else is returned as is."""
+    from sglang.srt.arg_groups.model_override_base import ResolvingConfig, record_of
+    from sglang.srt.arg_groups.overrides import _ForeignDefaults
+
+    if isinstance(server_args, _ForeignDefaults):
+        cfg = object.__getattribute__(server_args, "_cfg")
+        if isinstance(cfg, ResolvingConfig):
+            return record_of(cfg)
+    return server_args
+
+
+def handle_dflash(record: Any) -> None:
+    """Upstream DFLASH's own argument handling (device check, drafter attention backend,
+    max_running_requests), run on a chain-shaped view of the DDTREE record."""
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    _handle_dflash(record)
+
+
+# --------------------------------------------- DFlashWorkerV2's private state (worker.py)
+
+
+@dataclass
+class DraftBlockBuffers:
+    """DFlashWorkerV2's per-batch draft-block buffers, sliced to the batch."""
+
+    block_ids: torch.Tensor  # [bs, block]
+    positions: torch.Tensor  # [bs, block]
+    cache_loc: torch.Tensor  # [bs, block]
+    seq_lens_cpu: torch.Tensor  # [bs] (host)
+
+
+def resize_draft_block(worker: Any, block_size: int) -> None:
+    """Size DFlashWorkerV2's draft-block state for ``block_size``.
+
+    DFlashWorkerV2.__init__ takes its block from ``speculative_num_draft_tokens``
+    (dflash_worker_v2.py:507-523), which for DDTREE is the verify width 1 + budget; the position
+    offsets and the block's spec info are rebuilt, the buffers sized from the old block dropped
+    (``_ensure_draft_block_buffers`` rebuilds them on first use).
+    """
+    from sglang.srt.speculative.draft_worker_common import (
+        build_block_pos_offsets,
+        make_draft_block_spec_info,
+    )
+
+    worker.block_size = block_size
+    worker.draft_model.set_block_size(block_size)
+    worker._block_pos_offsets = build_block_pos_offsets(length=block_size, device=worker.device)
+    worker._draft_block_spec_info = make_draft_block_spec_info(
+        draft_token_num=block_size, device=worker.device
+    )
+    for name in _DRAFT_BLOCK_BUFFERS:
+        setattr(worker, name, None)
+
+
+def unsupported_drafter_head(worker: Any) -> str | None:
+    """Why the worker's DFlash drafter has no plain per-depth head DDTREE can read, or None."""
+    if worker.selector is not None or worker.lilicorr is not None or worker._is_domino:
+        return "selector, LiLiCorr and Domino heads are not supported"
+    if worker.use_compact_draft_cache:
+        return "a compact drafter KV cache is not supported"
+    return None
+
+
+def draft_block_buffers(worker: Any, bs: int) -> DraftBlockBuffers:
+    worker._ensure_draft_block_buffers(bs)
+    return DraftBlockBuffers(
+        block_ids=worker._draft_block_ids_buf[:bs],
+        positions=worker._draft_block_positions_buf[:bs],
+        cache_loc=worker._draft_verify_out_cache_loc_buf[:bs],
+        seq_lens_cpu=worker._draft_seq_lens_cpu_buf[:bs],
+    )
+
+
+def block_pos_offsets(worker: Any) -> torch.Tensor:
+    """``arange(block)``, the draft block's positions after the prefix."""
+    return worker._block_pos_offsets
+
+
+def draft_block_spec_info(worker: Any) -> Any:
+    """The spec info the drafter's TARGET_VERIFY pass (and its CUDA graphs) run with."""
+    return worker._draft_block_spec_info
+
+
+def mask_token_id(worker: Any) -> int:
+    return int(worker._mask_token_id)
+
+
+def embed_draft_block(worker: Any, block_ids: torch.Tensor) -> torch.Tensor:
+    """The drafter's input embedding of ``[bonus, MASK, ...]`` rows, as DFLASH computes it."""
+    if worker._full_embed_gpu is not None:
+        emb = torch.nn.functional.embedding(block_ids, worker._full_embed_gpu)
+    else:
+        from sglang.srt.lora.layers import unwrap_lora_layer
+        from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module
+
+        target_model = worker.target_worker.model_runner.model
+        emb = unwrap_lora_layer(_resolve_dflash_embedding_module(worker.draft_model, target_model))(
+            block_ids
+        )
+    if worker._noise_embed_scale != 1.0:
+        emb = emb * worker._noise_embed_scale
+    return emb
+
+
+def next_draft_input(worker: Any, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> Any:
+    """The DFlashDraftInputV2 the next decode step starts from."""
+    return worker._make_next_draft_input_decode(
+        bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens
+    )
+
+
+def append_target_hidden_to_draft_kv(
+    worker: Any,
+    *,
+    target_hidden: torch.Tensor,
+    cache_loc_2d: torch.Tensor,
+    positions: torch.Tensor,
+    commit_lens: torch.Tensor,
+) -> None:
+    """DFLASH's prefix-valid writer: drafter K/V of rows ``[0, commit_len)`` of each request."""
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=target_hidden,
+        cache_loc=cache_loc_2d.reshape(-1),
+        cache_loc_2d=cache_loc_2d,
+        positions=positions,
+        commit_lens=commit_lens,
+    )
+
+
+# ------------------------------------------------------------- EAGLE's tree commit
+
+
+def finalize_accept_tree_path(
+    batch: Any,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    predict: torch.Tensor,
+    logits_output: Any,
+    bs: int,
+    *,
+    token_to_kv_pool_allocator: Any,
+    num_draft_tokens: int,
+) -> torch.Tensor:
+    """EAGLE's tree compaction: the accepted path's KV slots, ``predict`` and hidden rows moved
+    to the front of each request's window; returns the compacted ``predict``."""
+    from sglang.srt.speculative.eagle_worker_common import _finalize_accept_tree_path
+
+    return _finalize_accept_tree_path(
+        batch,
+        accept_index,
+        accept_lens,
+        predict,
+        logits_output,
+        bs,
+        token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        num_draft_tokens=num_draft_tokens,
+    )
+
+
+# ----------------------------------------------- the target LM head under tensor parallelism
+
+
+def vocab_shard(lm_head: Any) -> VocabShard:
+    """This rank's rows of a (vocabulary-parallel) LM head, as :mod:`sglang_spec.tree.topk` takes them."""
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:
+        return VocabShard.whole(int(lm_head.weight.shape[0]))
+    return VocabShard(
+        org_start=int(shard.org_vocab_start_index),
+        num_org=int(shard.num_org_elements),
+        num_org_padded=int(shard.num_org_elements_padded),
+        added_start=int(shard.added_vocab_start_index),
+        num_added=int(shard.num_added_elements),
+    )
+
+
+def tp_all_gather(lm_head: Any) -> AllGather | None:
+    """All-gather over the tensor-parallel group that shards ``lm_head``'s vocabulary (None on one rank)."""
+    if getattr(lm_head, "shard_indices", None) is None:
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    group = get_parallel().tp_group
+    world = int(group.world_size)
+    if world == 1:
+        return None
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        out = t.new_empty((world, *t.shape))
+        group.all_gather_into_tensor(out.view(-1), t.contiguous().view(-1))
+        return out
+
+    return gather

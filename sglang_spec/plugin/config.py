@@ -1,0 +1,449 @@
+"""DDTREE's configuration: one frozen :class:`DDTreeConfig` and every check SGLang's arguments pass.
+
+Sources: SGLang's own flags (nothing new on the command line) and two environment knobs.
+
+* ``--speculative-algorithm DDTREE``
+* ``--speculative-draft-model-path``: the DFlash drafter (required).
+* ``--speculative-num-draft-tokens N``: verify width = 1 + budget (default: the drafter block size,
+  i.e. budget = block - 1, the reference default).
+* ``--speculative-dflash-block-size B``: must equal the drafter config's ``block_size`` when both
+  are known.
+* ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default ``budget``,
+  the value that makes the best-first tree optimal). A smaller K shrinks the per-depth top-k and
+  its TP all-gather at a possible cost in tree quality.
+* ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: finite, ``> 0`` (default 1). The tree ranks prefixes by
+  ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
+  verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2).
+
+:func:`handle_server_args` runs in the launcher inside SGLang's
+``handle_speculative_decoding``, before any model loads: every refusal is a
+:class:`DDTreeConfigError` (a ``ValueError``) with one line naming the flag, its value and what is
+valid. The scheduler process rebuilds the same :class:`DDTreeConfig` from the resolved spec
+(:func:`runtime_config`); :meth:`DDTreeConfig.build` is the one place that reads the environment.
+SGLang is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_spec.plugin import adapter
+
+logger = logging.getLogger("sglang_spec.plugin")
+
+ALGORITHM_NAME = "DDTREE"
+ENV_TOPK = "SGLANG_DDTREE_TOPK"
+ENV_TREE_TEMPERATURE = "SGLANG_DDTREE_TREE_TEMPERATURE"
+
+# sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
+# draft_token_num <= 1024). The verify width must stay inside it.
+MAX_VERIFY_WIDTH = 1024
+
+# Target attention backends whose TARGET_VERIFY path takes a per-request FULL_MASK custom mask
+# (EagleVerifyInput.custom_mask): the list SGLang uses for topk > 1 trees
+# (arg_groups/speculative_hook.py:1271).
+TREE_MASK_BACKENDS = ("flashinfer", "fa3", "triton")
+
+
+class DDTreeConfigError(ValueError):
+    """A DDTREE server configuration SGLang must refuse before loading models."""
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    """The resolved DDTREE settings of one server."""
+
+    block_size: int  # B: the DFlash drafter's block (bonus token + B - 1 masks)
+    verify_width: int  # N = 1 + budget: tokens per request in the target's verify pass
+    topk_per_depth: int  # K
+    tree_temperature: float  # tau
+
+    @property
+    def budget(self) -> int:
+        """Draft nodes per tree, the root excluded."""
+        return self.verify_width - 1
+
+    @property
+    def horizon(self) -> int:
+        """L: the drafter's depths (block rows 1..B-1), so a tree is at most L deep."""
+        return self.block_size - 1
+
+    @property
+    def eagle_topk(self) -> int:
+        """Value for SGLang's ``speculative_eagle_topk``.
+
+        It must be > 1 from startup so the hybrid linear-attention backend runs its tree path (it
+        reads topk once, hybrid_linear_attn_backend.py:85) and the graph runner allocates
+        retrieve_* buffers; and steps (= 1) * topk must not exceed the verify width so allocation
+        sizing stays at the width (mem_cache/allocation_sizing.py:28).
+        """
+        return max(2, min(self.topk_per_depth, self.verify_width))
+
+    @classmethod
+    def build(
+        cls, *, block_size: int, verify_width: int, environ: Mapping[str, str] | None = None
+    ) -> DDTreeConfig:
+        """Check the block and width, read K and tau from the environment, and freeze them."""
+        block = check_block_size(block_size)
+        width = check_verify_width(verify_width)
+        env = os.environ if environ is None else environ
+        return cls(
+            block_size=block,
+            verify_width=width,
+            topk_per_depth=parse_topk(env.get(ENV_TOPK), budget=width - 1),
+            tree_temperature=parse_tree_temperature(env.get(ENV_TREE_TEMPERATURE)),
+        )
+
+    @classmethod
+    def from_spec(cls, spec: Any, environ: Mapping[str, str] | None = None) -> DDTreeConfig:
+        """From SGLang's resolved speculative settings (``runtime_context.get_spec()``)."""
+        block = getattr(spec, "speculative_dflash_block_size", None)
+        width = getattr(spec, "speculative_num_draft_tokens", None)
+        if block is None or width is None:
+            raise RuntimeError(
+                "DDTREE: speculative_dflash_block_size / speculative_num_draft_tokens are unset "
+                "in the spec config; handle_server_args did not run for this server."
+            )
+        return cls.build(block_size=int(block), verify_width=int(width), environ=environ)
+
+
+def runtime_config() -> DDTreeConfig:
+    """The server's DDTreeConfig, in a process where SGLang has published its spec settings."""
+    from sglang.srt.runtime_context import get_spec
+
+    return DDTreeConfig.from_spec(get_spec())
+
+
+# ----------------------------------------------------------------- checks (no SGLang)
+
+
+def check_draft_model_path(path: str | None) -> None:
+    if path is None:
+        raise DDTreeConfigError(
+            "DDTREE requires --speculative-draft-model-path (a DFlash drafter); none was given."
+        )
+
+
+def check_pp_size(pp_size: int) -> None:
+    if int(pp_size) != 1:
+        raise DDTreeConfigError(
+            f"DDTREE supports only --pp-size 1 (no pipeline parallelism); got --pp-size {pp_size}."
+        )
+
+
+# Boolean server arguments DDTREE refuses when on: (field, why).
+REFUSED_SWITCHES = (
+    (
+        "speculative_use_rejection_sampling",
+        "the tree is deterministic; T > 0 already uses lossless sample-and-walk",
+    ),
+    ("enable_dp_attention", "DP attention is not implemented for DDTREE"),
+    ("enable_two_batch_overlap", "two-batch overlap is not implemented for DDTREE"),
+    ("enable_pdmux", "PDMux is not implemented for DDTREE"),
+    ("enable_multi_layer_eagle", "an EAGLE-only mode"),
+    ("enable_linear_replayssm_spec", "its GDN commit is chain-only"),
+    ("enable_linear_replayssm", "its GDN commit is chain-only"),
+    ("enable_lora", "the drafter borrows the target's LM head unwrapped"),
+)
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def check_refused_switches(cfg: Any) -> None:
+    for field, why in REFUSED_SWITCHES:
+        if getattr(cfg, field, False):
+            raise DDTreeConfigError(
+                f"DDTREE does not support {_flag(field)} ({why}); run without it."
+            )
+
+
+def check_accept_thresholds(cfg: Any) -> None:
+    for field in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+        v = getattr(cfg, field, 1.0)
+        if v is not None and float(v) != 1.0:
+            raise DDTreeConfigError(
+                f"DDTREE does not support {_flag(field)}={v}: thresholds below 1 are lossy; "
+                "valid: 1.0 (the default)."
+            )
+
+
+def check_draft_window(window: int | None) -> None:
+    if window is not None:
+        raise DDTreeConfigError(
+            f"DDTREE does not support --speculative-draft-window-size={window} (a compact "
+            "drafter KV cache); leave it unset."
+        )
+
+
+def check_disaggregation(mode: str | None) -> None:
+    if mode not in (None, "null"):
+        raise DDTreeConfigError(
+            f"DDTREE does not support PD disaggregation: --disaggregation-mode {mode}; "
+            "valid: null (the default)."
+        )
+
+
+def check_block_size_flag(flag_block: int | None) -> None:
+    if flag_block is not None and int(flag_block) <= 0:
+        raise DDTreeConfigError(
+            f"--speculative-dflash-block-size={flag_block} must be a positive integer (the "
+            "drafter's block size)."
+        )
+
+
+def resolve_block_size(flag_block: int | None, config_block: int | None) -> int:
+    """The drafter block: the flag and the drafter config must agree when both are given."""
+    if flag_block is not None and config_block is not None and int(flag_block) != config_block:
+        raise DDTreeConfigError(
+            f"--speculative-dflash-block-size={flag_block} disagrees with the drafter config's "
+            f"block_size={config_block}; valid: {config_block} (the drafter was trained for it)."
+        )
+    block = int(flag_block) if flag_block is not None else config_block
+    if block is None:
+        raise DDTreeConfigError(
+            "DDTREE could not determine the drafter block size: the drafter config has no "
+            "block_size; pass --speculative-dflash-block-size B."
+        )
+    return block
+
+
+def check_block_size(block: int) -> int:
+    if block < 2:
+        raise DDTreeConfigError(
+            f"DDTREE needs a drafter block size >= 2 (a horizon of at least one depth); got "
+            f"block size {block}."
+        )
+    return block
+
+
+def check_verify_width(width: int) -> int:
+    if width < 2:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={width} leaves no draft node: it is the verify "
+            f"width 1 + budget and the budget must be >= 1; valid: 2..{MAX_VERIFY_WIDTH}."
+        )
+    if width > MAX_VERIFY_WIDTH:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={width} exceeds the tree kernels' limit of "
+            f"{MAX_VERIFY_WIDTH} tokens (budget {width - 1} > {MAX_VERIFY_WIDTH - 1}); "
+            f"valid: 2..{MAX_VERIFY_WIDTH}."
+        )
+    return width
+
+
+def check_kv_reserve(width: int, block: int, patched: bool) -> None:
+    """dflash_info_v2.py:142-147 reserves 2 * speculative_num_draft_tokens KV slots per request
+    per decode step, but the draft block writes ``block`` of them (patch P3 lifts this)."""
+    if 2 * width < block and not patched:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={width} is too small for drafter block size {block}: "
+            "SGLang 0.5.23 reserves 2*speculative_num_draft_tokens KV slots per request per "
+            f"decode step (dflash_info_v2.py:147) and the draft block needs {block}; valid: "
+            f">= {(block + 1) // 2}, or any width after `sglang-spec patch apply` "
+            "(patches/0.5.23/0001, docs/plugin-design.md P3)."
+        )
+
+
+def parse_topk(raw: str | None, *, budget: int) -> int:
+    """K per depth from ``SGLANG_DDTREE_TOPK`` (unset or empty: ``budget``)."""
+    if raw is None or raw.strip() == "":
+        return budget
+    try:
+        k = int(raw)
+    except ValueError:
+        raise DDTreeConfigError(
+            f"{ENV_TOPK}={raw!r} is not an integer; it sets K, the candidates kept per depth; "
+            f"valid: 1..budget={budget}."
+        ) from None
+    if not 1 <= k <= budget:
+        raise DDTreeConfigError(
+            f"{ENV_TOPK}={k} is out of range: a tree of `budget` nodes never uses more than "
+            f"`budget` ranks per depth; valid: 1..budget={budget}."
+        )
+    return k
+
+
+def parse_tree_temperature(raw: str | None) -> float:
+    """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: 1.0)."""
+    from sglang_spec.tree import check_tree_temperature
+
+    if raw is None or raw.strip() == "":
+        return 1.0
+    try:
+        return check_tree_temperature(float(raw))
+    except ValueError:
+        raise DDTreeConfigError(
+            f"{ENV_TREE_TEMPERATURE}={raw!r} is not valid: the tree temperature must be a finite "
+            "number > 0 (1 = the drafter's own distribution, < 1 sharpens it)."
+        ) from None
+
+
+def check_attention_backends(decode: str, prefill: str | None) -> None:
+    """Both the decode and the prefill backend (TARGET_VERIFY runs on the prefill-side wrapper of
+    hybrid backends) must take a per-request tree mask."""
+    valid = ", ".join(TREE_MASK_BACKENDS)
+    if decode not in TREE_MASK_BACKENDS:
+        raise DDTreeConfigError(
+            f"DDTREE tree verify needs an attention backend that takes a per-request tree mask; "
+            f"got {decode!r}; valid: {valid}."
+        )
+    if prefill is not None and prefill not in TREE_MASK_BACKENDS:
+        raise DDTreeConfigError(
+            f"DDTREE tree verify needs the prefill attention backend to take a per-request tree "
+            f"mask too; got --prefill-attention-backend {prefill!r}; valid: {valid}."
+        )
+
+
+def check_page_size(page_size: int | None) -> None:
+    if page_size is not None and int(page_size) != 1:
+        raise DDTreeConfigError(
+            f"DDTREE requires --page-size 1 (accepted tree nodes are compacted token by token in "
+            f"the KV cache); got --page-size {page_size}."
+        )
+
+
+def check_unified_memory(enabled: bool) -> None:
+    if enabled:
+        raise DDTreeConfigError("DDTREE does not support --enable-unified-memory; run without it.")
+
+
+def check_mamba_track_interval(interval: int | None, width: int) -> None:
+    if interval is not None and int(interval) < width:
+        raise DDTreeConfigError(
+            f"--mamba-track-interval={interval} is below the DDTREE verify width {width}; valid: "
+            f">= {width} (hybrid linear-attention targets)."
+        )
+
+
+# ------------------------------------------------------ SGLang-facing resolution
+
+
+def drafter_block_size(cfg: Any) -> int | None:
+    """Block size in the DFlash drafter's config (None if it has none); a clear error if the
+    drafter cannot be read or is not a DFlash drafter (DFLASH silently falls back to 16)."""
+    import json
+
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    path = cfg.speculative_draft_model_path
+    try:
+        hf = get_config(
+            path,
+            trust_remote_code=cfg.trust_remote_code,
+            revision=cfg.speculative_draft_model_revision,
+            model_override_args=json.loads(cfg.json_model_override_args or "{}"),
+        )
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise DDTreeConfigError(
+            f"DDTREE could not read the DFlash drafter config at "
+            f"--speculative-draft-model-path={path!r}: {type(e).__name__}: {e}"
+        ) from e
+    archs = list(getattr(hf, "architectures", None) or [])
+    if archs and not any("DFlash" in a for a in archs):
+        raise DDTreeConfigError(
+            f"DDTREE needs a DFlash drafter; --speculative-draft-model-path={path!r} declares "
+            f"architectures={archs}."
+        )
+    block = parse_dflash_draft_config(draft_hf_config=hf).resolve_block_size(default=None)
+    return None if block is None else int(block)
+
+
+def reserve_patch_applied() -> bool:
+    """True when ``sglang-spec patch apply`` patched the installed SGLang (P3 lifts 2N >= B)."""
+    from sglang_spec.patching.core import APPLIED, PatchingError, installed_state
+
+    try:
+        return installed_state() == APPLIED
+    except PatchingError:
+        return False
+
+
+def handle_server_args(server_args: Any) -> DDTreeConfig:
+    """Validate and resolve DDTREE's server arguments; declare the resolved values.
+
+    Runs inside ``arg_groups/speculative_hook.handle_speculative_decoding`` (through
+    ``record_foreign_defaults``), before any model is loaded.
+    """
+    from sglang.srt.arg_groups.overrides import (
+        attention_backends_of,
+        declare_resolution,
+        resolved_view,
+        resolving_view,
+    )
+
+    record = adapter.real_server_args(server_args)
+    cfg = resolving_view(record)
+    src = "sglang_spec.plugin.handle_server_args"
+
+    # structural refusals: cheap, before the drafter's config is read
+    check_draft_model_path(cfg.speculative_draft_model_path)
+    check_pp_size(cfg.pp_size)
+    check_refused_switches(cfg)
+    check_accept_thresholds(cfg)
+    check_draft_window(getattr(cfg, "speculative_draft_window_size", None))
+    check_disaggregation(getattr(cfg, "disaggregation_mode", "null"))
+
+    flag_block = cfg.speculative_dflash_block_size
+    check_block_size_flag(flag_block)
+    block = resolve_block_size(flag_block, drafter_block_size(cfg))
+    width = cfg.speculative_num_draft_tokens
+    config = DDTreeConfig.build(
+        block_size=block, verify_width=block if width is None else int(width)
+    )
+    check_kv_reserve(config.verify_width, block, reserve_patch_applied())
+
+    view = resolved_view(record)
+    prefill_backend, decode_backend = attention_backends_of(view)
+    if decode_backend is None:
+        decode_backend = "flashinfer"
+        declare_resolution(record, src, attention_backend="flashinfer")
+        logger.warning(
+            "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a "
+            "per-request mask: one of %s).",
+            TREE_MASK_BACKENDS,
+        )
+    check_attention_backends(decode_backend, prefill_backend)
+    check_page_size(view.page_size)
+    check_unified_memory(getattr(view, "enable_unified_memory", False))
+    check_mamba_track_interval(getattr(view, "mamba_track_interval", None), config.verify_width)
+
+    # DFLASH's own handling on a chain-shaped view: _handle_dflash raises when
+    # num_draft_tokens != dflash_block_size, so give it the block for both, then declare the
+    # DDTREE values after it.
+    declare_resolution(
+        record,
+        src + ".pre_dflash",
+        speculative_num_draft_tokens=block,
+        speculative_dflash_block_size=block,
+    )
+    adapter.handle_dflash(record)
+    declare_resolution(
+        record,
+        src,
+        speculative_algorithm=ALGORITHM_NAME,
+        speculative_num_draft_tokens=config.verify_width,
+        speculative_dflash_block_size=block,
+        speculative_num_steps=1,
+        speculative_eagle_topk=config.eagle_topk,
+        disable_overlap_schedule=True,
+        enable_mixed_chunk=False,
+    )
+    logger.info(
+        "DDTREE resolved: block_size=%d (horizon %d), budget=%d, verify width=%d, K per depth=%d, "
+        "tree temperature=%g, attention=%s.",
+        block,
+        config.horizon,
+        config.budget,
+        config.verify_width,
+        config.topk_per_depth,
+        config.tree_temperature,
+        decode_backend,
+    )
+    return config

@@ -1,0 +1,96 @@
+"""``DDTreeVerifyInput``: SGLang's EAGLE tree verify input, for an irregular DDTree.
+
+One constructor, :meth:`DDTreeVerifyInput.create`, serves both callers (as vLLM's
+``SpecDecodeMetadata`` has ``make_dummy`` beside its builder): the worker builds it from a tree's
+SGLang ABI every decode step (:func:`verify_input_from_tree`), and the CUDA-graph hook builds the
+placeholder a target graph is captured with (no ABI: the ``retrieve_*`` buffers are filled at
+replay). Importing this module imports SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+from sglang_spec.plugin.config import DDTreeConfig
+from sglang_spec.tree import DraftTree, TreeABI, TreeMaskMode, sglang_tree_abi
+
+
+@dataclass
+class DDTreeVerifyInput(EagleVerifyInput):
+    """EAGLE tree verify input for an irregular DDTree.
+
+    Subclasses EagleVerifyInput so that SGLang's attention backends, the hybrid linear-attention
+    backend (update_verify_buffers_to_fill_after_draft and graph replay refresh retrieve_* only
+    for EagleVerifyInput instances) and eagle_sample treat it as a tree. ``spec_steps`` holds the
+    drafter horizon L, so ``max_tree_depth = L + 1`` bounds the accept_index width.
+    """
+
+    @property
+    def tree_topk(self) -> int:
+        # Irregular tree (no fixed per-level branching), as NgramVerifyInput.
+        return -1
+
+    @classmethod
+    def create(
+        cls,
+        config: DDTreeConfig,
+        *,
+        width: int,
+        custom_mask: torch.Tensor | None,
+        abi: TreeABI | None = None,
+        seq_lens_sum: int | None = None,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> DDTreeVerifyInput:
+        """The verify input of a tree (``abi``), or without ``abi`` the placeholder a target CUDA
+        graph captures (``custom_mask`` = the graph's mask buffer). ``width`` is the tokens per
+        request of the verify pass."""
+        return cls(
+            draft_token=None if abi is None else abi.draft_tokens,
+            custom_mask=custom_mask,
+            positions=None if abi is None else abi.positions,
+            retrieve_index=None if abi is None else abi.retrieve_index,
+            retrieve_next_token=None if abi is None else abi.retrieve_next_token,
+            retrieve_next_sibling=None if abi is None else abi.retrieve_next_sibling,
+            retrieve_cum_len=None,
+            spec_steps=config.horizon,
+            topk=config.eagle_topk,
+            draft_token_num=int(width),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+
+
+def verify_input_from_tree(
+    tree: DraftTree,
+    seq_lens: torch.Tensor,
+    config: DDTreeConfig,
+    *,
+    mask_mode: int | None = None,
+    seq_lens_sum: int | None = None,
+    mask_buffer: torch.Tensor | None = None,
+    seq_lens_cpu: torch.Tensor | None = None,
+) -> DDTreeVerifyInput:
+    """The SGLang tree ABI of ``tree``, packed into a DDTreeVerifyInput.
+
+    With ``mask_buffer`` (the target backend's VerifyMask buffer, which CUDA graphs capture) the
+    mask is written in place when it fits, as ``build_eagle_verify_input`` does.
+    """
+    mode = TreeMaskMode.FULL_MASK if mask_mode is None else TreeMaskMode(int(mask_mode))
+    abi = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=seq_lens_sum)
+    mask = abi.tree_mask
+    if mask_buffer is not None and mask_buffer.numel() >= mask.numel():
+        mask_buffer[: mask.numel()].copy_(mask.view(-1).to(mask_buffer.dtype))
+        mask = mask_buffer
+    return DDTreeVerifyInput.create(
+        config,
+        width=int(tree.tokens.shape[1]),
+        custom_mask=mask,
+        abi=abi,
+        seq_lens_sum=seq_lens_sum,
+        seq_lens_cpu=seq_lens_cpu,
+    )

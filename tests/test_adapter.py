@@ -1,0 +1,167 @@
+"""`sglang_spec.plugin.adapter`: every SGLang internal the plug-in relies on, checked on CPU
+against the installed SGLang, and the rule that the rest of the plug-in reaches private SGLang
+names only through the adapter."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_spec.plugin import adapter
+from sglang_spec.plugin.adapter import Exists, Kw, Member, Sig
+from sglang_spec.tree import VocabShard
+
+PLUGIN_DIR = Path(adapter.__file__).parent
+
+
+def test_installed_sglang_meets_every_expectation():
+    version = adapter.installed_sglang_version()
+    assert version in adapter.EXPECTED, adapter.missing_internals()
+    problems = adapter.missing_internals()
+    assert not problems, "\n".join(problems)
+
+
+def test_drift_is_reported_with_the_internal_and_the_version(monkeypatch):
+    w = "sglang.srt.speculative.dflash_worker_v2:DFlashWorkerV2"
+    fake = {
+        f"{w}._ensure_draft_block_buffers": Sig(("self", "bs")),  # holds
+        f"{w}._ensure_draft_block_buffers_renamed": Sig(("self", "bs")),
+        f"{w}._make_next_draft_input_decode": Sig(("self", "bonus_tokens")),
+        f"{w}._draft_block_ids_buf": Member(),  # holds (assigned in __init__)
+        f"{w}._draft_block_ids_buffer": Member(),
+        "sglang.srt.speculative.eagle_info:EagleVerifyInput": Kw(("draft_token", "tree_width")),
+        "sglang.srt.speculative.no_such_module:thing": Exists(),
+    }
+    monkeypatch.setitem(adapter.EXPECTED, "9.9.9", fake)
+    problems = adapter.missing_internals("9.9.9")
+    installed = adapter.installed_sglang_version()
+    assert all(p.startswith(f"SGLang {installed}: ") for p in problems)
+    named = "\n".join(problems)
+    for missing in (
+        "_ensure_draft_block_buffers_renamed is missing",
+        "_make_next_draft_input_decode has parameters ('self', 'bonus_tokens', 'new_seq_lens')",
+        "_draft_block_ids_buffer is missing",
+        "EagleVerifyInput no longer accepts ['tree_width']",
+        "no_such_module:thing is missing",
+    ):
+        assert missing in named
+    assert len(problems) == 5
+    [unpinned] = adapter.missing_internals("0.0.1")
+    assert "SGLang 0.0.1 is not a pinned version" in unpinned and "0.5.23" in unpinned
+
+
+def _plugin_sources():
+    return {p.name: ast.parse(p.read_text()) for p in sorted(PLUGIN_DIR.glob("*.py"))}
+
+
+def _sglang_imports(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sglang":
+            for alias in node.names:
+                yield f"{node.module}:{alias.name}"
+
+
+def test_every_sglang_name_the_plugin_imports_is_listed():
+    expected = adapter.EXPECTED[adapter.installed_sglang_version()]
+    for name, tree in _plugin_sources().items():
+        for key in _sglang_imports(tree):
+            assert key in expected, f"{name} imports {key}, which adapter.EXPECTED does not list"
+            private = key.split(":")[1].startswith("_")
+            assert name == "adapter.py" or not private, (
+                f"{name} imports the private SGLang name {key}: reach it through the adapter"
+            )
+
+
+def test_private_dflash_worker_members_only_through_the_adapter():
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    private = {
+        n
+        for cls in DFlashWorkerV2.__mro__[:-1]
+        for n in {*vars(cls), *adapter._assigned_on_self(cls)}
+        if n.startswith("_") and not n.startswith("__")
+    }
+    assert "_draft_block_ids_buf" in private and "_mask_token_id" in private
+    for name, tree in _plugin_sources().items():
+        if name == "adapter.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                pytest.fail(f"{name}:{node.lineno} touches DFlashWorkerV2.{node.attr} directly")
+            if isinstance(node, ast.FunctionDef) and node.name in private:
+                assert node.name in adapter.OVERRIDES, f"{name} overrides {node.name} unlisted"
+
+
+def test_hook_target_is_listed():
+    module, _, qualname = adapter.GET_SPEC_INFO_TARGET.rpartition(".DecodeCudaGraphRunner.")
+    key = f"{module}:DecodeCudaGraphRunner.{qualname}"
+    assert key in adapter.EXPECTED[adapter.installed_sglang_version()]
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def test_vocab_shard_of_a_sglang_head():
+    indices = SimpleNamespace(
+        org_vocab_start_index=100,
+        num_org_elements=10,
+        num_org_elements_padded=12,
+        added_vocab_start_index=500,
+        num_added_elements=3,
+    )
+    head = SimpleNamespace(weight=torch.zeros(15, 4), shard_indices=indices)
+    assert adapter.vocab_shard(head) == VocabShard(100, 10, 12, 500, 3)
+    assert adapter.vocab_shard(SimpleNamespace(weight=torch.zeros(7, 4))) == VocabShard(0, 7, 7)
+
+
+def test_tp_all_gather(monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    class Group:
+        world_size = 2
+
+        def all_gather_into_tensor(self, output, input):  # noqa: A002 - SGLang's parameter name
+            output.copy_(torch.cat([input, input + 100]))
+
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_group=Group()))
+    sharded = SimpleNamespace(weight=torch.zeros(2, 2), shard_indices=object())
+    gather = adapter.tp_all_gather(sharded)
+    t = torch.arange(6).view(2, 3)
+    assert torch.equal(gather(t), torch.stack([t, t + 100]))
+    assert adapter.tp_all_gather(SimpleNamespace(weight=torch.zeros(2, 2))) is None
+    Group.world_size = 1
+    assert adapter.tp_all_gather(sharded) is None
+
+
+def test_resize_draft_block_undoes_the_width_leak():
+    stale = torch.zeros(1)
+    sized = []
+    worker = SimpleNamespace(
+        device="cpu",
+        block_size=65,
+        draft_model=SimpleNamespace(set_block_size=sized.append),
+        **{name: stale for name in adapter._DRAFT_BLOCK_BUFFERS},
+    )
+    adapter.resize_draft_block(worker, 16)
+    assert worker.block_size == 16 and sized == [16]
+    assert worker._block_pos_offsets.tolist() == list(range(16))
+    assert worker._draft_block_spec_info.draft_token_num == 16
+    for name in adapter._DRAFT_BLOCK_BUFFERS:
+        assert getattr(worker, name) is None, name
+
+
+def test_unsupported_drafter_heads():
+    plain = dict(selector=None, lilicorr=None, _is_domino=False, use_compact_draft_cache=False)
+    assert adapter.unsupported_drafter_head(SimpleNamespace(**plain)) is None
+    for field, value in (
+        ("selector", object()),
+        ("lilicorr", object()),
+        ("_is_domino", True),
+        ("use_compact_draft_cache", True),
+    ):
+        why = adapter.unsupported_drafter_head(SimpleNamespace(**{**plain, field: value}))
+        assert why is not None and "not supported" in why, field
