@@ -264,10 +264,26 @@ def test_valid_budget(models):
     assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 33
 
 
+# Listed here, not taken from config.REFUSED_SWITCHES, so that dropping a switch there fails.
+REFUSED_FLAGS = (
+    "--speculative-use-rejection-sampling",
+    "--enable-dp-attention",
+    "--enable-two-batch-overlap",
+    "--enable-pdmux",
+    "--enable-multi-layer-eagle",
+    "--enable-linear-replayssm-spec",
+    "--enable-linear-replayssm",
+    "--enable-lora",
+)
+
+
+def test_refused_flags_cover_the_switch_table():
+    assert {"--" + f.replace("_", "-") for f, _ in REFUSED_SWITCHES} == set(REFUSED_FLAGS)
+
+
 @pytest.mark.usefixtures("loaded")
-@pytest.mark.parametrize("field", [f for f, _ in REFUSED_SWITCHES])
-def test_refused_switches(models, field):
-    flag = "--" + field.replace("_", "-")
+@pytest.mark.parametrize("flag", REFUSED_FLAGS)
+def test_refused_switches(models, flag):
     with pytest.raises(DDTreeConfigError, match=f"does not support {flag} "):
         _resolve(models, flag)
 
