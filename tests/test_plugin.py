@@ -483,6 +483,15 @@ def test_verify_input_from_tree():
 STAGES = ("draft", "topk", "tree", "verify", "walk", "commit", "append_context")
 
 
+def _decode_batch(spec_info, bs):
+    return SimpleNamespace(
+        forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+        is_extend_in_batch=False,
+        spec_info=spec_info,
+        seq_lens=torch.zeros(bs, dtype=torch.int64),
+    )
+
+
 def _staged_worker(calls):
     """A DDTreeWorker without SGLang runners: each stage records its call and returns a token."""
     from sglang_spec.plugin.worker import Committed, DDTreeWorker, DraftOutput, Verified, Walked
@@ -503,7 +512,7 @@ def _staged_worker(calls):
     results = {
         "draft": DraftOutput(hidden=torch.zeros(2, 4, 3), root_tokens=torch.tensor([1, 2])),
         "topk": ("logq", "ids"),
-        "tree": "verify_input",
+        "tree": ("tree", "verify_input"),
         "verify": verified,
         "walk": walked,
         "commit": committed,
@@ -528,11 +537,7 @@ def test_decode_step_runs_the_stages_in_order():
 
     calls = []
     worker, r = _staged_worker(calls)
-    batch = SimpleNamespace(
-        forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
-        is_extend_in_batch=False,
-        spec_info=DFlashDraftInputV2.create_idle_input(device="cpu"),
-    )
+    batch = _decode_batch(DFlashDraftInputV2.create_idle_input(device="cpu"), bs=2)
     published = []
     res = worker.forward_batch_generation(batch, on_publish=published.append, grammar_barrier="gb")
     assert [name for name, _ in calls] == list(STAGES)
@@ -541,7 +546,7 @@ def test_decode_step_runs_the_stages_in_order():
     assert args["topk"] == (r["draft"].hidden,)
     assert args["tree"] == (batch, "logq", "ids", r["draft"].root_tokens)
     assert args["verify"] == (batch, "verify_input", "gb")
-    assert args["walk"] == (batch, "verify_input", r["verify"])
+    assert args["walk"] == (batch, "tree", "verify_input", r["verify"])
     assert args["commit"] == (batch, r["verify"], r["walk"], published.append)
     assert args["append_context"] == (batch, r["verify"], r["walk"], r["commit"])
     assert res.next_token_ids is r["commit"].predict
@@ -551,3 +556,130 @@ def test_decode_step_runs_the_stages_in_order():
     assert res.speculative_num_draft_tokens == 5 and res.can_run_cuda_graph is True
     assert res.extra_keep_alive_refs == ["fb"]
     assert res.logits_output.hidden_states is None  # not kept past the step
+
+
+# ------------------------------------------ SGLANG_SIMULATE_ACC_LEN (benchmarks only)
+
+
+def _tree(parents, scores, horizon):
+    from sglang_spec.tree import DraftTree
+
+    parents = torch.tensor(parents)
+    depths = torch.full_like(parents, -1)
+    for b in range(parents.shape[0]):
+        for i in range(parents.shape[1]):
+            p = int(parents[b, i])
+            depths[b, i] = 0 if i == 0 else (-1 if p < 0 else int(depths[b, p]) + 1)
+    return DraftTree(
+        tokens=torch.zeros_like(parents),
+        parents=parents,
+        depths=depths,
+        scores=torch.tensor(scores),
+        num_nodes=(depths >= 0).sum(dim=1),
+        horizon=horizon,
+    )
+
+
+def test_best_path_takes_the_highest_score_child_at_each_depth():
+    from sglang_spec.plugin.simulate import best_path
+
+    ninf = float("-inf")
+    tree = _tree(
+        # row 0: the lowest-slot child (1) is not the best (2); node 3 is 2's only child
+        # row 1: a chain 0 -> 1 -> 2 -> 3 -> 4 deeper than the horizon allows is cut at L
+        # row 2: equal scores go to the lowest slot (1 over 2), whose child is 4
+        [[-1, 0, 0, 2, 1], [-1, 0, 1, 2, -1], [-1, 0, 0, 2, 1]],
+        [
+            [0.0, -2.0, -0.5, -1.0, -3.0],
+            [0.0, -0.1, -0.2, -0.3, ninf],
+            [0.0, -1.0, -1.0, -1.5, -1.2],
+        ],
+        horizon=3,
+    )
+    assert best_path(tree).tolist() == [[0, 2, 3, -1], [0, 1, 2, 3], [0, 1, 4, -1]]
+
+
+def test_best_path_of_a_ddtree_is_the_drafters_greedy_chain():
+    from sglang_spec.plugin.simulate import best_path
+    from sglang_spec.tree import build_ddtree
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 40)
+    tree = build_ddtree(logits, 24, torch.tensor([1, 2, 3]))
+    path = best_path(tree)
+    for b in range(3):
+        nodes = [int(i) for i in path[b] if i >= 0]
+        assert tree.parents[b, nodes[1:]].tolist() == nodes[:-1]
+        assert tree.depths[b, nodes].tolist() == list(range(len(nodes)))
+        assert tree.tokens[b, nodes[1:]].tolist() == logits[b, : len(nodes) - 1].argmax(-1).tolist()
+        assert len(nodes) - 1 == int(tree.depths[b].max())  # as deep as the tree
+
+
+def test_simulated_acceptance_follows_the_best_path_clipped_to_it():
+    from sglang_spec.plugin.simulate import simulated_acceptance
+
+    ninf = float("-inf")
+    tree = _tree(
+        [[-1, 0, 0, 2, 1], [-1, 0, 1, 2, -1]],
+        [[0.0, -2.0, -0.5, -1.0, -3.0], [0.0, -0.1, -0.2, -0.3, ninf]],
+        horizon=3,
+    )  # best paths: [0, 2, 3] (3 tokens) and [0, 1, 2, 3] (4 tokens)
+    width = 5
+    for drawn, lens, index in (
+        (4, [3, 4], [[0, 2, 3, -1], [5, 6, 7, 8]]),
+        (2, [2, 2], [[0, 2, -1, -1], [5, 6, -1, -1]]),
+        (1, [1, 1], [[0, -1, -1, -1], [5, -1, -1, -1]]),
+    ):
+        drawn_lens = torch.full((2,), drawn, dtype=torch.int32)
+        got_lens, got_index = simulated_acceptance(tree, drawn_lens, width)
+        assert got_lens.tolist() == lens and got_index.tolist() == index
+        assert got_lens.dtype == got_index.dtype == torch.int32
+
+
+def test_simulated_acceptance_env():
+    from sglang_spec.plugin.config import ENV_SIMULATE_ACC_LEN, ENV_SIMULATE_ACC_TOKEN_MODE
+
+    def build(**env):
+        return DDTreeConfig.build(block_size=8, verify_width=9, environ=env)
+
+    assert build().simulated_accept_len is None
+    for off in ("", "0", "-1"):
+        assert build(**{ENV_SIMULATE_ACC_LEN: off}).simulated_accept_len is None
+    assert build(**{ENV_SIMULATE_ACC_LEN: "3.5"}).simulated_accept_len == 3.5
+    on = {ENV_SIMULATE_ACC_LEN: "3.5", ENV_SIMULATE_ACC_TOKEN_MODE: "fixed"}
+    assert build(**on).simulated_accept_len == 3.5
+    with pytest.raises(DDTreeConfigError, match="SIMULATE_ACC_LEN='fast' is not a number"):
+        build(**{ENV_SIMULATE_ACC_LEN: "fast"})
+    real = {**on, ENV_SIMULATE_ACC_TOKEN_MODE: "real-draft-token"}
+    with pytest.raises(DDTreeConfigError, match="'real-draft-token' is not supported.*fixed"):
+        build(**real)
+    # the mode only matters when the simulation is on
+    assert build(**{**real, ENV_SIMULATE_ACC_LEN: "-1"}).simulated_accept_len is None
+
+
+def test_walk_stage_applies_simulated_acceptance(monkeypatch):
+    from sglang_spec.plugin import worker as worker_mod
+
+    calls = []
+    worker, _ = _staged_worker(calls)
+    del worker.walk_stage  # the real stage, with eagle_sample stubbed
+    worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(watermark_state=None))
+    predict = torch.full((10,), 100)
+    chain_lens = torch.tensor([3, 3], dtype=torch.int32)
+    chain_index = torch.tensor([[0, 1, 2, -1], [5, 6, 7, -1]], dtype=torch.int32)
+    monkeypatch.setattr(
+        worker_mod, "eagle_sample", lambda *_a, **_k: (predict, chain_lens, chain_index)
+    )
+    tree = _tree(
+        [[-1, 0, 0, 2, 1], [-1, 0, 1, 2, -1]],
+        [[0.0, -2.0, -0.5, -1.0, -3.0], [0.0, -0.1, -0.2, -0.3, float("-inf")]],
+        horizon=3,
+    )
+    verified = SimpleNamespace(logits_output=None, grammar_mask=None)
+    walked = worker.walk_stage("batch", tree, "verify_input", verified)
+    assert walked.accept_index is chain_index  # off: eagle_sample's result as is
+    worker.config = DDTreeConfig(4, 5, 4, 1.0, simulated_accept_len=3.0)
+    walked = worker.walk_stage("batch", tree, "verify_input", verified)
+    assert walked.predict is predict
+    assert walked.accept_lens.tolist() == [3, 3]
+    assert walked.accept_index.tolist() == [[0, 2, 3, -1], [5, 6, 7, -1]]

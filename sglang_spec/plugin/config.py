@@ -14,6 +14,10 @@ Sources: SGLang's own flags (nothing new on the command line) and two environmen
 * ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: finite, ``> 0`` (default 1). The tree ranks prefixes by
   ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
   verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2).
+* ``SGLANG_SIMULATE_ACC_LEN=n`` (SGLang's own benchmark knob, off unless > 0): every verify step
+  accepts a drawn ~n tokens along the tree's best path, whatever the target says. Benchmarks
+  only: the output tokens are meaningless (``sglang_spec.plugin.simulate``). Only
+  ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed`` (the default) is supported.
 
 :func:`handle_server_args` runs in the launcher inside SGLang's
 ``handle_speculative_decoding``, before any model loads: every refusal is a
@@ -38,6 +42,8 @@ logger = logging.getLogger("sglang_spec.plugin")
 ALGORITHM_NAME = "DDTREE"
 ENV_TOPK = "SGLANG_DDTREE_TOPK"
 ENV_TREE_TEMPERATURE = "SGLANG_DDTREE_TREE_TEMPERATURE"
+ENV_SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
+ENV_SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
 
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.
@@ -61,6 +67,8 @@ class DDTreeConfig:
     verify_width: int  # N = 1 + budget: tokens per request in the target's verify pass
     topk_per_depth: int  # K
     tree_temperature: float  # tau
+    # SGLANG_SIMULATE_ACC_LEN when on (> 0): forced acceptance for benchmarks, else None
+    simulated_accept_len: float | None = None
 
     @property
     def budget(self) -> int:
@@ -96,6 +104,9 @@ class DDTreeConfig:
             verify_width=width,
             topk_per_depth=parse_topk(env.get(ENV_TOPK), budget=width - 1),
             tree_temperature=parse_tree_temperature(env.get(ENV_TREE_TEMPERATURE)),
+            simulated_accept_len=parse_simulated_accept_len(
+                env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
+            ),
         )
 
     @classmethod
@@ -284,6 +295,28 @@ def parse_tree_temperature(raw: str | None) -> float:
         ) from None
 
 
+def parse_simulated_accept_len(raw: str | None, token_mode: str | None) -> float | None:
+    """SGLang's ``SGLANG_SIMULATE_ACC_LEN`` (off unless > 0), with the token mode DDTREE supports."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        n = float(raw)
+    except ValueError:
+        raise DDTreeConfigError(
+            f"{ENV_SIMULATE_ACC_LEN}={raw!r} is not a number; it sets the forced tokens per step "
+            "of a benchmark; valid: a number > 0, or <= 0 / unset for off."
+        ) from None
+    if not n > 0:
+        return None
+    mode = "fixed" if token_mode is None or token_mode.strip() == "" else token_mode
+    if mode != "fixed":
+        raise DDTreeConfigError(
+            f"{ENV_SIMULATE_ACC_TOKEN_MODE}={mode!r} is not supported by DDTREE (SGLang simulates "
+            "real draft tokens for chains only, eagle_utils.py:818); valid: fixed."
+        )
+    return n
+
+
 def check_attention_backends(decode: str, prefill: str | None) -> None:
     """Both the decode and the prefill backend (TARGET_VERIFY runs on the prefill-side wrapper of
     hybrid backends) must take a per-request tree mask."""
@@ -437,13 +470,14 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     )
     logger.info(
         "DDTREE resolved: block_size=%d (horizon %d), budget=%d, verify width=%d, K per depth=%d, "
-        "tree temperature=%g, attention=%s.",
+        "tree temperature=%g, simulated acceptance=%s, attention=%s.",
         block,
         config.horizon,
         config.budget,
         config.verify_width,
         config.topk_per_depth,
         config.tree_temperature,
+        config.simulated_accept_len,
         decode_backend,
     )
     return config

@@ -8,7 +8,8 @@ A decode step is one method per stage, called in order by ``forward_batch_genera
                           (sglang_spec.tree.sharded_topk: never gathers the vocabulary)
     tree_stage            build_ddtree_from_topk + sglang_tree_abi -> DDTreeVerifyInput
     verify_stage          eagle_prepare_for_verify + target TARGET_VERIFY forward
-    walk_stage            eagle_sample (verify_tree_greedy / target-only tree sampling)
+    walk_stage            eagle_sample (verify_tree_greedy / target-only tree sampling); with
+                          SGLANG_SIMULATE_ACC_LEN (benchmarks) the tree's best path instead
     commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction
     append_context_stage  drafter context KV from the compacted accepted rows
 
@@ -49,8 +50,9 @@ from sglang.srt.speculative.spec_utils import (
 
 from sglang_spec.plugin import adapter
 from sglang_spec.plugin.config import runtime_config
+from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
-from sglang_spec.tree import build_ddtree_from_topk, sharded_topk
+from sglang_spec.tree import DraftTree, build_ddtree_from_topk, sharded_topk
 
 logger = logging.getLogger("sglang_spec.plugin")
 
@@ -135,9 +137,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
         draft = self.draft_stage(batch, draft_input)
         logq, ids = self.topk_stage(draft.hidden)
-        verify_input = self.tree_stage(batch, logq, ids, draft.root_tokens)
+        tree, verify_input = self.tree_stage(batch, logq, ids, draft.root_tokens)
         verified = self.verify_stage(batch, verify_input, grammar_barrier)
-        walked = self.walk_stage(batch, verify_input, verified)
+        walked = self.walk_stage(batch, tree, verify_input, verified)
         committed = self.commit_stage(batch, verified, walked, on_publish)
         self.append_context_stage(batch, verified, walked, committed)
         return self._step_result(verified, walked, committed)
@@ -244,7 +246,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 all_gather=all_gather,
             )
 
-    def tree_stage(self, batch, logq, ids, root_tokens) -> DDTreeVerifyInput:
+    def tree_stage(self, batch, logq, ids, root_tokens) -> tuple[DraftTree, DDTreeVerifyInput]:
         """Best-first DDTree of `budget` nodes and its SGLang tree ABI, on the device with no host
         sync (mask sized from the host-side seq_lens_sum)."""
         tree = build_ddtree_from_topk(logq, ids, self.config.budget, root_tokens)
@@ -253,7 +255,7 @@ class DDTreeWorker(DFlashWorkerV2):
         seq_lens_sum = batch.seq_lens_sum
         if seq_lens_sum is None and batch.seq_lens_cpu is not None:
             seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        return verify_input_from_tree(
+        return tree, verify_input_from_tree(
             tree,
             batch.seq_lens,
             self.config,
@@ -298,7 +300,7 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         return Verified(out.logits_output, fb, out.can_run_cuda_graph, grammar_mask)
 
-    def walk_stage(self, batch, verify_input, verified: Verified) -> Walked:
+    def walk_stage(self, batch, tree: DraftTree, verify_input, verified: Verified) -> Walked:
         """Greedy / sample-and-walk over the tree (eagle_sample): greedy -> verify_tree_greedy_func;
         T > 0 -> tree_speculative_sampling_target_only with draft_probs=0 and thresholds 1
         (lossless for a deterministic tree)."""
@@ -309,6 +311,11 @@ class DDTreeWorker(DFlashWorkerV2):
             verified.grammar_mask,
             watermark_state=self.target_worker.model_runner.watermark_state,
         )
+        if self.config.simulated_accept_len is not None:
+            # Benchmarks only: keep the length eagle_sample drew, accept along the best path.
+            accept_lens, accept_index = simulated_acceptance(
+                tree, accept_lens, self.config.verify_width
+            )
         return Walked(predict, accept_lens, accept_index)
 
     def commit_stage(self, batch, verified: Verified, walked: Walked, on_publish) -> Committed:

@@ -1,0 +1,55 @@
+"""``SGLANG_SIMULATE_ACC_LEN`` for DDTREE: forced acceptance along the tree's best path (benchmarks only).
+
+SGLang's benchmark knob makes every verify step accept a drawn number of tokens, so that
+algorithms can be timed on dummy weights at a stated acceptance; the tokens it emits are
+meaningless (a fixed id, 100). Upstream DFLASH and EAGLE honour it, and DDTREE's walk goes through
+EAGLE's ``eagle_sample``, which draws the length (``SGLANG_SIMULATE_ACC_METHOD``, clamped to
+``1..L+1``) and fills ``predict`` with the fixed id. EAGLE then accepts the first nodes in index
+order, which in a DDTree are not a path (node 2 may be node 1's sibling). DDTREE keeps the drawn
+length and moves the accepted nodes onto the tree's **best path**: from the root, the
+highest-score child at each depth (for a factorised drafter, its greedy chain), clipped to that
+path's length. The KV compaction, GDN commit and drafter context then see a real root-to-leaf
+path, as in a served step.
+
+Only ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed`` is supported: EAGLE's ``real-draft-token`` mode
+needs ``speculative_eagle_topk=1`` (``eagle_utils.py:818``), and DDTREE refuses it at start-up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_spec.tree import DraftTree
+
+
+def best_path(tree: DraftTree) -> torch.Tensor:
+    """Node slots ``[bs, L+1]`` of the path that takes the highest-score child at every depth
+    (the lowest slot among equal scores), root first, ``-1`` past its end. No host sync."""
+    parents, scores = tree.parents, tree.scores
+    bs = parents.shape[0]
+    path = torch.full((bs, tree.horizon + 1), -1, dtype=torch.long, device=parents.device)
+    path[:, 0] = 0
+    cur = torch.zeros(bs, dtype=torch.long, device=parents.device)
+    alive = torch.ones(bs, dtype=torch.bool, device=parents.device)
+    for d in range(1, tree.horizon + 1):
+        is_child = parents == cur[:, None]
+        best = torch.where(is_child, scores, float("-inf")).argmax(dim=1)  # first maximum
+        alive = alive & is_child.any(dim=1)
+        path[:, d] = torch.where(alive, best, -1)
+        cur = torch.where(alive, best, cur)
+    return path
+
+
+def simulated_acceptance(
+    tree: DraftTree, drawn_lens: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(accept_lens [bs], accept_index [bs, L+1])`` in ``eagle_sample``'s layout for the drawn
+    acceptance lengths (tokens per step, the bonus included), along each tree's best path and
+    clipped to its length. ``accept_index`` holds flat node ids ``b * width + slot``, ``-1``
+    padded; both keep ``drawn_lens``'s dtype."""
+    path = best_path(tree)
+    lens = torch.minimum(drawn_lens.to(path.dtype), (path >= 0).sum(dim=1))
+    cols = torch.arange(path.shape[1], device=path.device)
+    rows = torch.arange(path.shape[0], device=path.device)[:, None] * width
+    index = torch.where(cols[None, :] < lens[:, None], rows + path, -1)
+    return lens.to(drawn_lens.dtype), index.to(drawn_lens.dtype)
