@@ -492,8 +492,9 @@ def _decode_batch(spec_info, bs):
     )
 
 
-def _staged_worker(calls):
-    """A DDTreeWorker without SGLang runners: each stage records its call and returns a token."""
+def _staged_worker(calls, tick=None):
+    """A DDTreeWorker without SGLang runners: each stage records its call (and ``tick``s the fake
+    clocks of a timing test) and returns a token."""
     from sglang_spec.plugin.worker import Committed, DDTreeWorker, DraftOutput, Verified, Walked
 
     worker = object.__new__(DDTreeWorker)
@@ -501,6 +502,7 @@ def _staged_worker(calls):
         block_size=4, verify_width=5, topk_per_depth=4, tree_temperature=1.0
     )
     worker.device = torch.device("cpu")
+    worker.stage_timer = None
     out = SimpleNamespace(hidden_states=torch.zeros(2, 3))
     verified = Verified(
         logits_output=out, forward_batch="fb", can_run_cuda_graph=True, grammar_mask=None
@@ -522,6 +524,8 @@ def _staged_worker(calls):
     def stage(name):
         def run(*args):
             calls.append((name, args))
+            if tick is not None:
+                tick(name)
             return results[name]
 
         return run
@@ -683,3 +687,75 @@ def test_walk_stage_applies_simulated_acceptance(monkeypatch):
     assert walked.predict is predict
     assert walked.accept_lens.tolist() == [3, 3]
     assert walked.accept_index.tolist() == [[0, 2, 3, -1], [5, 6, 7, -1]]
+
+
+# ------------------------------------------- SGLANG_DDTREE_STAGE_TIMES (profiling only)
+
+
+class _FakeEvent:
+    """A CUDA event on a fake GPU clock."""
+
+    gpu_ms = 0.0
+    synchronized = 0
+
+    def record(self):
+        self.t = _FakeEvent.gpu_ms
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+    def synchronize(self):
+        _FakeEvent.synchronized += 1
+
+
+@pytest.mark.usefixtures("loaded")
+def test_stage_times_one_line_per_decode_step(tmp_path):
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    from sglang_spec.plugin.stage_times import STAGES as TIMED
+    from sglang_spec.plugin.stage_times import StageTimer
+
+    assert TIMED == STAGES
+    host = [0.0]
+
+    def tick(name):  # stage i takes (i + 1) ms of host time and 10 * (i + 1) ms of GPU time
+        i = STAGES.index(name)
+        host[0] += (i + 1) / 1e3
+        _FakeEvent.gpu_ms += 10.0 * (i + 1)
+
+    worker, _ = _staged_worker([], tick)
+    path = tmp_path / "stages.jsonl"
+    timer = StageTimer(str(path), width=5, new_event=_FakeEvent, clock=lambda: host[0])
+    timer.instrument(worker)
+    worker.stage_timer = timer
+    spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    assert path.read_text() == ""  # read after the step's own sync point: at the next step
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=3))
+    timer.flush()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["bs"], r["width"]) for r in records] == [(2, 5), (3, 5)]
+    for r in records:
+        assert list(r["host_ms"]) == list(r["gpu_ms"]) == list(STAGES)
+        for i, name in enumerate(STAGES):
+            assert r["host_ms"][name] == pytest.approx(i + 1)
+            assert r["gpu_ms"][name] == pytest.approx(10.0 * (i + 1))
+    assert _FakeEvent.synchronized == 2  # once per step, outside the measured stages
+    timer.flush()  # nothing pending: no empty line
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_stage_times_env(tmp_path):
+    from sglang_spec.plugin.config import ENV_STAGE_TIMES
+
+    def build(**env):
+        return DDTreeConfig.build(block_size=8, verify_width=9, environ=env)
+
+    assert (
+        build().stage_times_path is None and build(**{ENV_STAGE_TIMES: ""}).stage_times_path is None
+    )
+    good = tmp_path / "s.jsonl"
+    assert build(**{ENV_STAGE_TIMES: str(good)}).stage_times_path == str(good)
+    for bad in (tmp_path / "missing" / "s.jsonl", tmp_path):
+        with pytest.raises(DDTreeConfigError, match="STAGE_TIMES=.* cannot be written"):
+            build(**{ENV_STAGE_TIMES: str(bad)})

@@ -13,7 +13,9 @@ Modules, by job:
 * :mod:`~sglang_spec.plugin.worker`: ``DDTreeWorker``, one method per decode stage;
 * :mod:`~sglang_spec.plugin.hooks`: the HookRegistry hook for the target's CUDA-graph capture;
 * :mod:`~sglang_spec.plugin.adapter`: every SGLang internal the plug-in relies on, with the
-  expectations a CPU test checks per pinned SGLang version.
+  expectations a CPU test checks per pinned SGLang version;
+* :mod:`~sglang_spec.plugin.simulate` and :mod:`~sglang_spec.plugin.stage_times`: benchmark and
+  profiling aids (``SGLANG_SIMULATE_ACC_LEN``, ``SGLANG_DDTREE_STAGE_TIMES``).
 
 Only this package imports sglang, and only lazily (``worker``, ``verify_input`` and the functions
 of the others), so the rest of ``sglang_spec`` stays importable without it.

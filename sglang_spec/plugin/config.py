@@ -18,6 +18,8 @@ Sources: SGLang's own flags (nothing new on the command line) and two environmen
   accepts a drawn ~n tokens along the tree's best path, whatever the target says. Benchmarks
   only: the output tokens are meaningless (``sglang_spec.plugin.simulate``). Only
   ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed`` (the default) is supported.
+* ``SGLANG_DDTREE_STAGE_TIMES=/path/file.jsonl``: append per-stage host and GPU times of every
+  decode step there (``sglang_spec.plugin.stage_times``; profiling only).
 
 :func:`handle_server_args` runs in the launcher inside SGLang's
 ``handle_speculative_decoding``, before any model loads: every refusal is a
@@ -44,6 +46,7 @@ ENV_TOPK = "SGLANG_DDTREE_TOPK"
 ENV_TREE_TEMPERATURE = "SGLANG_DDTREE_TREE_TEMPERATURE"
 ENV_SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
 ENV_SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
+ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.
@@ -69,6 +72,8 @@ class DDTreeConfig:
     tree_temperature: float  # tau
     # SGLANG_SIMULATE_ACC_LEN when on (> 0): forced acceptance for benchmarks, else None
     simulated_accept_len: float | None = None
+    # SGLANG_DDTREE_STAGE_TIMES: the JSON-lines file per-stage decode times go to, else None
+    stage_times_path: str | None = None
 
     @property
     def budget(self) -> int:
@@ -107,6 +112,7 @@ class DDTreeConfig:
             simulated_accept_len=parse_simulated_accept_len(
                 env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
             ),
+            stage_times_path=parse_stage_times_path(env.get(ENV_STAGE_TIMES)),
         )
 
     @classmethod
@@ -315,6 +321,19 @@ def parse_simulated_accept_len(raw: str | None, token_mode: str | None) -> float
             "real draft tokens for chains only, eagle_utils.py:818); valid: fixed."
         )
     return n
+
+
+def parse_stage_times_path(raw: str | None) -> str | None:
+    """The file ``SGLANG_DDTREE_STAGE_TIMES`` names (unset or empty: timing off)."""
+    if raw is None or raw.strip() == "":
+        return None
+    path = os.path.abspath(raw)
+    if not os.path.isdir(os.path.dirname(path)) or os.path.isdir(path):
+        raise DDTreeConfigError(
+            f"{ENV_STAGE_TIMES}={raw!r} cannot be written: valid: a file path in an existing "
+            "directory (one JSON line per decode step is appended to it)."
+        )
+    return path
 
 
 def check_attention_backends(decode: str, prefill: str | None) -> None:

@@ -13,7 +13,8 @@ A decode step is one method per stage, called in order by ``forward_batch_genera
     commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction
     append_context_stage  drafter context KV from the compacted accepted rows
 
-Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
+With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
+writes per-stage host and GPU times. Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
 ``sglang_spec.plugin.adapter``. Importing this module imports SGLang; only the plug-in's worker
 factory does so.
 """
@@ -51,6 +52,7 @@ from sglang.srt.speculative.spec_utils import (
 from sglang_spec.plugin import adapter
 from sglang_spec.plugin.config import runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
+from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
 from sglang_spec.tree import DraftTree, build_ddtree_from_topk, sharded_topk
 
@@ -106,6 +108,10 @@ class DDTreeWorker(DFlashWorkerV2):
         why = adapter.unsupported_drafter_head(self)
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
+        self.stage_timer = None  # SGLANG_DDTREE_STAGE_TIMES: wraps the stage methods when on
+        if self.config.stage_times_path is not None and get_parallel().tp_rank == 0:
+            self.stage_timer = StageTimer(self.config.stage_times_path, self.config.verify_width)
+            self.stage_timer.instrument(self)
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker: %s; hooks=%s; patches expected=%s",
@@ -134,6 +140,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 on the running batch.")
         if batch.forward_mode.is_idle():
             return self._idle_result(on_publish)
+        if self.stage_timer is not None:
+            self.stage_timer.begin_step(len(batch.seq_lens))
 
         draft = self.draft_stage(batch, draft_input)
         logq, ids = self.topk_stage(draft.hidden)
