@@ -137,6 +137,18 @@ def test_tp_all_gather(monkeypatch):
     assert adapter.tp_all_gather(sharded) is None
 
 
+# DFlashWorkerV2's buffers sized from the block (dflash_worker_v2.py:571-584); listed here so that
+# one dropped from the adapter's list fails.
+BLOCK_SIZED_BUFFERS = (
+    "_draft_block_ids_buf",
+    "_draft_block_positions_buf",
+    "_draft_block_tokens_buf",
+    "_draft_verify_out_cache_loc_buf",
+    "_draft_block_end_buf",
+    "_draft_seq_lens_cpu_buf",
+)
+
+
 def test_resize_draft_block_undoes_the_width_leak():
     stale = torch.zeros(1)
     sized = []
@@ -144,13 +156,13 @@ def test_resize_draft_block_undoes_the_width_leak():
         device="cpu",
         block_size=65,
         draft_model=SimpleNamespace(set_block_size=sized.append),
-        **{name: stale for name in adapter._DRAFT_BLOCK_BUFFERS},
+        **{name: stale for name in BLOCK_SIZED_BUFFERS},
     )
     adapter.resize_draft_block(worker, 16)
     assert worker.block_size == 16 and sized == [16]
     assert worker._block_pos_offsets.tolist() == list(range(16))
     assert worker._draft_block_spec_info.draft_token_num == 16
-    for name in adapter._DRAFT_BLOCK_BUFFERS:
+    for name in BLOCK_SIZED_BUFFERS:
         assert getattr(worker, name) is None, name
 
 
