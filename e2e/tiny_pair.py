@@ -2,7 +2,7 @@
 
 Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
 
-    $SGLANG_KIT_PYTHON tools/gpu_e2e.py --out $OUT [--target DIR --drafter DIR] [--servers ar,dflash,ddtree16,...]
+    $SGLANG_KIT_PYTHON -m e2e.tiny_pair --out $OUT [--target DIR --drafter DIR] [--servers ar,dflash,ddtree16,...]
 
 It installs this package into the kit's site (so SGLang's plugin entry point finds DDTREE), then for
 each server spec launches ``python -m sglang.launch_server``, waits for ``/health``, sends greedy
@@ -341,7 +341,7 @@ def main():
         type=int,
         default=0,
         help="also sample this many 2-token completions of the first prompt (T = --dist-temperature) "
-        "for a distribution test (tools/e2e_sampling_check.py --pairs)",
+        "for a distribution test (e2e/sampling_check.py)",
     )
     ap.add_argument("--dist-temperature", type=float, default=1.0)
     ap.add_argument(

@@ -2,7 +2,7 @@
 
 Run on the GPU machine after ``source .gpu-kit/setup.sh``::
 
-    $SGLANG_KIT_PYTHON tools/gpu_tree_kernels_check.py
+    $SGLANG_KIT_PYTHON -m e2e.tree_kernels_check
 
 For random drafter logits it builds DDTrees on the GPU (our Triton kernels), lays them out with
 ``sglang_tree_abi``, draws target tokens that follow the tree part of the way, and runs SGLang's own
