@@ -16,12 +16,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -120,6 +122,21 @@ def apply_patches() -> str:
         cwd=REPO,
     )
     return out.stdout.strip()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within: SIGTERM (``timeout``, a device call's limit) raises KeyboardInterrupt like Ctrl-C,
+    so that ``with Server(...)`` stops its server instead of leaving it to answer the next call."""
+
+    def handler(signum, frame):  # noqa: ARG001 (signal handler signature)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # ------------------------------------------------------------------------------------ server args
@@ -314,9 +331,19 @@ class Server:
         raise ServerFailed(f"{self.cfg.name} {why} (log: {self.log_path})")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_process_group(self.proc, self.stop_timeout)
-            self.proc = None
+        """Stop the whole process group and wait (<= 30 s) until none of it is left, so that the
+        next server finds the port and the GPU memory free."""
+        if self.proc is None:
+            return
+        stop_process_group(self.proc, self.stop_timeout)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
+        self.proc = None
 
     def tail(self) -> str:
         return "".join(tail(self.log_path, self.log_tail))

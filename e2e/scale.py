@@ -352,6 +352,7 @@ class Run:
             log_path,
             port=args.port,
             start_timeout=min(args.start_timeout, self.remaining() - reserve),
+            stop_timeout=10,
             launcher=args.launcher,
         )
         entry["command"] = " ".join(srv.cmd)
@@ -596,10 +597,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m e2e.scale: {e}", file=sys.stderr)
         return 2
     try:
-        return run.run(args.servers)
+        with kit.sigterm_as_interrupt():
+            return run.run(args.servers)
     except kit.HarnessError as e:
         print(f"python -m e2e.scale: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        run.log["interrupted"] = True
+        print("[scale] interrupted; the levels that finished are in scale.json", flush=True)
+        return 130
     finally:
         run.write_log()
         _print_table(run.results)

@@ -20,8 +20,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_spec.dflash import default_target_layer_ids
-
 BLOCK_SIZE = 16
 DRAFT_LAYERS = 5
 
@@ -191,6 +189,8 @@ def target_config(shape: Shape) -> dict:
 
 def drafter_config(shape: Shape) -> dict:
     """The matching DFlash drafter's ``config.json`` (z-lab layout: Qwen3 layers, block 16)."""
+    from sglang_spec.dflash.config import default_target_layer_ids  # torch: not for --help
+
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",

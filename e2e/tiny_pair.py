@@ -334,15 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         prompts = DEFAULT_PROMPTS[: args.num_prompts]
     results = []
-    for spec in specs:
-        print(f"=== {spec}", flush=True)
-        # +patched stays applied for later servers
-        patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
-        cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs)
-        results.append(run_server(spec, cfg, prompts, args))
-        if patch_report:
-            results[-1]["patch_apply"] = patch_report
-        Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
+    with kit.sigterm_as_interrupt():  # a timed-out call stops its server (Server.__exit__)
+        for spec in specs:
+            print(f"=== {spec}", flush=True)
+            # +patched stays applied for later servers
+            patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
+            cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs)
+            results.append(run_server(spec, cfg, prompts, args))
+            if patch_report:
+                results[-1]["patch_apply"] = patch_report
+            Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     summarize(results, baseline)
     if args.sweep:
         sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))

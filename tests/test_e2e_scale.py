@@ -376,3 +376,39 @@ def test_python_m_entry_point(tmp_path):
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.returncode == 2 and "algorithm 'bogus' is not one of" in out.stderr
+
+
+def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatch):
+    """A device call's time limit (``timeout`` sends SIGTERM) must not leave a server running."""
+    import os
+    import signal
+    import threading
+    import time
+
+    out = tmp_path / "out"
+    running = threading.Event()
+    running.set()
+
+    def terminate_during_the_second_level():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "scale.json").exists():
+            time.sleep(0.05)
+        if running.is_set():  # C = 1 is written; C = 2 takes 12 x 150 ms
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    watcher = threading.Thread(target=terminate_during_the_second_level)
+    watcher.start()
+    try:
+        rc, recs, started, log = _run(
+            tmp_path, monkeypatch, ["qwen3-8b:ar"], "--levels", "1,2", FAKE_STEP_MS=150
+        )
+    finally:
+        running.clear()
+        watcher.join()
+    assert rc == 130 and log["interrupted"] is True
+    assert [r["concurrency"] for r in recs] == [1]
+    (call,) = started
+    with pytest.raises(ProcessLookupError):
+        os.kill(call["pid"], 0)
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
