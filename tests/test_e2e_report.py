@@ -103,59 +103,33 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ traces
+def _ev(cat, name, corr, dur=None):
+    """A Kineto trace event: a host call (no ``dur``) or a GPU activity of ``dur`` microseconds."""
+    e = {"ph": "X", "cat": cat, "name": name, "args": {"correlation": corr}}
+    return e if dur is None else {**e, "dur": dur}
+
+
 def _events(steps, graph_ms, eager_ms, graph_launch="cudaGraphLaunch"):
+    """Per step: one graph launch (a GEMM of ``graph_ms``), two eager Triton launches of
+    ``eager_ms / 2`` each, a 0.1 ms device-to-host copy, and a flow event."""
     ev, corr = [], 0
     for _ in range(steps):
         corr += 1
-        ev.append(
-            {"ph": "X", "cat": "cuda_runtime", "name": graph_launch, "args": {"correlation": corr}}
-        )
-        ev.append(
-            {
-                "ph": "X",
-                "cat": "kernel",
-                "name": "gemm",
-                "dur": 1000 * graph_ms,
-                "args": {"correlation": corr},
-            }
-        )
+        ev += [
+            _ev("cuda_runtime", graph_launch, corr),
+            _ev("kernel", "gemm", corr, 1000 * graph_ms),
+        ]
         for name in ("topk", "tree"):
             corr += 1
-            ev.append(
-                {
-                    "ph": "X",
-                    "cat": "cuda_driver",
-                    "name": "cuLaunchKernel",
-                    "args": {"correlation": corr},
-                }
-            )
-            ev.append(
-                {
-                    "ph": "X",
-                    "cat": "kernel",
-                    "name": name,
-                    "dur": 500 * eager_ms,
-                    "args": {"correlation": corr},
-                }
-            )
+            ev += [
+                _ev("cuda_driver", "cuLaunchKernel", corr),
+                _ev("kernel", name, corr, 500 * eager_ms),
+            ]
         corr += 1
-        ev.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaMemcpyAsync",
-                "args": {"correlation": corr},
-            }
-        )
-        ev.append(
-            {
-                "ph": "X",
-                "cat": "gpu_memcpy",
-                "name": "Memcpy DtoH",
-                "dur": 100,
-                "args": {"correlation": corr},
-            }
-        )
+        ev += [
+            _ev("cuda_runtime", "cudaMemcpyAsync", corr),
+            _ev("gpu_memcpy", "Memcpy DtoH", corr, 100),
+        ]
         ev.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr})  # flow events are ignored
     return ev
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import socket
 import sys
 from pathlib import Path
@@ -110,23 +109,6 @@ def test_cli_refuses_bad_input_before_anything_runs(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------ server flags
-@pytest.fixture(scope="module")
-def sglang_parse():
-    from sglang.srt.server_args import prepare_server_args
-
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-
-    def parse(argv):
-        try:
-            return prepare_server_args(argv)
-        finally:  # prepare_server_args calls logging.basicConfig(force=True); undo it
-            root.handlers[:] = saved[0]
-            root.setLevel(saved[1])
-
-    return parse
-
-
 SPECS = [
     f"{shape}:{alg}"
     for shape in SHAPES

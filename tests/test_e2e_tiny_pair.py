@@ -64,10 +64,7 @@ def test_flags_are_the_hard_coded_ones_of_before(name, graphs, monkeypatch):
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "server_configs" / "tiny-pair").glob("*.yaml")))
-def test_tiny_pair_configs_parse_with_sglang(path, monkeypatch):
-    import logging
-
-    from sglang.srt.server_args import prepare_server_args
+def test_tiny_pair_configs_parse_with_sglang(path, monkeypatch, sglang_parse):
 
     monkeypatch.chdir(REPO)  # the configs' model paths are relative to the repository root
     cfg = tiny_pair.server_config(
@@ -79,13 +76,7 @@ def test_tiny_pair_configs_parse_with_sglang(path, monkeypatch):
         graph_bs=8,
     )
     assert cfg.path == path
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-    try:
-        sa = prepare_server_args(kit.Server(cfg, "/dev/null").cmd[3:])
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
+    sa = sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:])
     assert sa.speculative_algorithm == (None if path.stem == "ar" else path.stem.upper())
     assert sa.cuda_graph_max_bs_decode == 8
 
