@@ -22,7 +22,7 @@ t=${GDN_LIMIT_S:-180}
 ( PYTHONPATH="$PWD:$PYTHONPATH" timeout "$t" "$PY" benchmarks/gdn_verify.py --widths 17 65; echo "gdn_verify rc $?" ) \
   >"$OUT/gdn_verify.md" 2>&1 &
 wait
-timeout "${E2E_LIMIT_S:-170}" "$PY" tools/gpu_e2e.py --out /tmp/e2e --target "$F/hybrid" --drafter "$F/hybrid-dflash" \
+timeout "${E2E_LIMIT_S:-170}" "$PY" -m e2e.tiny_pair --out /tmp/e2e --target "$F/hybrid" --drafter "$F/hybrid-dflash" \
   --prompts "$F/heldout_prompts.jsonl" --servers ddtree4+patched --baseline "$baseline" --start-timeout 150 \
   >"$OUT/e2e.log" 2>&1
 cp /tmp/e2e/e2e.json "$OUT/e2e_patched.json" 2>/dev/null

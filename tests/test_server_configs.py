@@ -6,7 +6,6 @@ every config's argv exactly as ``sglang-spec serve`` would build it.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 
 import pytest
@@ -74,23 +73,6 @@ def test_config_flags(path):
 def test_args_to_argv_encodings():
     argv = args_to_argv({"a": True, "b": False, "c": None, "d": 3, "e": {"k": 1}, "f": ["x", "y"]})
     assert argv == ["--a", "--d", "3", "--e", '{"k":1}', "--f", "x", "y"]
-
-
-@pytest.fixture(scope="module")
-def sglang_parse():
-    from sglang.srt.server_args import prepare_server_args
-
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-
-    def parse(argv):
-        try:
-            return prepare_server_args(argv)
-        finally:  # prepare_server_args calls logging.basicConfig(force=True); undo it
-            root.handlers[:] = saved[0]
-            root.setLevel(saved[1])
-
-    return parse
 
 
 @pytest.mark.parametrize("path", _by_id())

@@ -1,4 +1,4 @@
-"""Do a server's T > 0 samples stay in the target's distribution? (offline, CPU, on ``tools/gpu_e2e.py`` output)
+"""Do a server's T > 0 samples stay in the target's distribution? (offline, CPU, on ``e2e/tiny_pair.py`` output)
 
 For every server in an ``e2e.json`` it scores each sampled completion under the target itself
 (float32, same temperature): the mean per-token log-probability of a sample is an unbiased estimate
@@ -8,7 +8,7 @@ greedy: higher log-probability; toward the draft: lower). Prints a table with We
 AR server's samples, and, when the run recorded ``--dist-samples``, a chi-square test of each
 server's 2nd-token distribution against AR's::
 
-    python tools/e2e_sampling_check.py benchmarks/results/e2e_h200/hybrid_eager.json \
+    python -m e2e.sampling_check benchmarks/results/e2e_h200/hybrid_eager.json \
         --target sglang_spec/fixtures/tiny-pair/hybrid --prompts sglang_spec/fixtures/tiny-pair/heldout_prompts.jsonl
 """
 
@@ -41,7 +41,7 @@ def _pair_test(servers, model, prompt_ids: list[int], temperature: float) -> Non
     the AR server's samples (same bf16 server stack) and against the target's exact float32
     distribution at that temperature (goodness of fit).
 
-    Uses the ``dist_pairs`` that ``tools/gpu_e2e.py --dist-samples N`` records (2-token samples of one
+    Uses the ``dist_pairs`` that ``e2e/tiny_pair.py --dist-samples N`` records (2-token samples of one
     prompt with distinct seeds); the 2nd token of a speculative server comes out of a tree verify.
     """
     from scipy.stats import chi2_contingency, chisquare

@@ -1,11 +1,11 @@
-"""Tokens per verify step: real SGLang (``tools/gpu_e2e.py`` output) vs the reference engine, same prompts.
+"""Tokens per verify step: real SGLang (``e2e/tiny_pair.py`` output) vs the reference engine, same prompts.
 
 For every speculative server in an ``e2e.json`` whose method the reference engine has (DFLASH,
 DDTREE<budget>), it decodes the same prompts greedily with ``sglang_spec.reference`` (float32, CPU,
 no stop token, as the e2e requests use ``ignore_eos``) and prints both tokens-per-step figures and
 whether the token ids agree::
 
-    python tools/compare_e2e_reference.py benchmarks/results/e2e_h200/hybrid_eager.json --pair hybrid
+    python -m e2e.compare_reference benchmarks/results/e2e_h200/hybrid_eager.json --pair hybrid
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     tok, target, drafter = tiny_pair.load_pair(args.pair)
     prompts = tiny_pair.heldout_prompts(
         args.num_prompts, spread=False
-    )  # the order tools/gpu_e2e.py used
+    )  # the order e2e/tiny_pair.py used
     print(
         "| server | SGLang tokens/step | reference tokens/step | token ids equal | "
         "verify steps on the equal prompts: SGLang / reference |"

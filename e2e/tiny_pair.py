@@ -2,11 +2,16 @@
 
 Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
 
-    $SGLANG_KIT_PYTHON tools/gpu_e2e.py --out $OUT [--target DIR --drafter DIR] [--servers ar,dflash,ddtree16,...]
+    $SGLANG_KIT_PYTHON -m e2e.tiny_pair --out $OUT [--target DIR --drafter DIR] [--servers ar,dflash,ddtree16,...]
 
-It installs this package into the kit's site (so SGLang's plugin entry point finds DDTREE), then for
-each server spec launches ``python -m sglang.launch_server``, waits for ``/health``, sends greedy
-requests one by one and then concurrently, plus sampled requests (T > 0), and stops the server.
+A server is ``ar``, ``nextn``, ``dflash`` or ``ddtree<budget>``, optionally ``+graphs`` (CUDA graphs
+for decode batches up to ``--graph-bs``; otherwise eager) and ``+patched`` (``sglang-spec patch
+apply`` on SGLang first; stays applied for later servers). Its flags come from
+``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
+drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
+It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
+for ``/health``, sends greedy requests one by one and then concurrently, plus sampled requests
+(T > 0), and stops the server.
 With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) and writes the
 comparison report and plots (``loadtests.compare``) under ``<out>/report``.
 It writes ``e2e.json`` (texts, token ids, meta_info per request) and prints a table: for every
@@ -23,14 +28,17 @@ import concurrent.futures as cf
 import glob
 import json
 import os
-import signal
+import re
 import subprocess
 import sys
 import time
-import urllib.request
+from pathlib import Path
 
-PY = os.environ.get("SGLANG_KIT_PYTHON", sys.executable)
-PORT = 30000
+from e2e import kit
+from sglang_spec.serving.configs import ServerConfig
+from sglang_spec.serving.launch import DEFAULT_LAUNCHER
+
+CONFIGS = "tiny-pair/"  # server_configs/tiny-pair/<algorithm>.yaml
 DEFAULT_PROMPTS = [
     "def fibonacci(n):",
     'import os\n\ndef list_python_files(root):\n    """Return every .py file under root."""\n',
@@ -41,22 +49,12 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def call(path, body=None, timeout=10.0):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}{path}",
-        data=json.dumps(body).encode() if body else None,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read() or b"null")
-
-
-def generate(prompt, max_new_tokens, temperature=0.0, seed=None):
+def generate(url, prompt, max_new_tokens, temperature=0.0, seed=None):
     params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True}
     if seed is not None:
         params["sampling_seed"] = seed
-    out = call(
-        "/generate",
+    out = kit.call(
+        url + "/generate",
         {"text": prompt, "sampling_params": params, "return_logprob": False},
         timeout=300,
     )
@@ -78,128 +76,66 @@ def generate(prompt, max_new_tokens, temperature=0.0, seed=None):
     }
 
 
-def server_flags(spec: str, drafter: str, block: int, graph_bs: int) -> list[str]:
-    """Launch flags for one server name; graph_bs > 0 captures CUDA graphs for decode batches up to it."""
-    kit = os.environ["SGLANG_KIT_FLAGS"].split()
-    if graph_bs:
-        kit = [f for f in kit if f != "--disable-cuda-graph"] + [
-            "--cuda-graph-max-bs-decode",
-            str(graph_bs),
-        ]
-    spec_flags = os.environ["SGLANG_KIT_SPEC_FLAGS"].split()
-    if spec == "ar":
-        return kit
-    if spec == "nextn":
-        return (
-            kit
-            + spec_flags
-            + [
-                "--speculative-algorithm",
-                "NEXTN",
-                "--speculative-num-steps",
-                "3",
-                "--speculative-eagle-topk",
-                "1",
-                "--speculative-num-draft-tokens",
-                "4",
-                "--mamba-radix-cache-strategy",
-                "extra_buffer",
-            ]
+def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
+    """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
+    name, *mods = spec.split("+")
+    m = re.fullmatch(r"(ar|nextn|dflash)|ddtree([1-9]\d*)", name)
+    if m is None or set(mods) - {"graphs", "patched"}:
+        raise kit.HarnessError(
+            f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
+            "optional +graphs and +patched"
         )
-    if spec == "dflash":
-        return (
-            kit
-            + spec_flags
-            + [
-                "--speculative-algorithm",
-                "DFLASH",
-                "--speculative-draft-model-path",
-                drafter,
-                "--speculative-num-draft-tokens",
-                str(block),
-            ]
+    return (m.group(1) or "ddtree", int(m.group(2)) if m.group(2) else None, set(mods))
+
+
+def server_config(spec: str, target: str, drafter: str, block: int, graph_bs: int) -> ServerConfig:
+    """The tiny pair's config for the algorithm with the paths, budget, block size and CUDA-graph
+    setting of this server, under the kit's flags (graph_bs: decode batches up to it, 0 = eager)."""
+    algorithm, budget, mods = parse_server(spec)
+    cfg = kit.config_for(CONFIGS, algorithm)
+    ours: dict = {"model-path": target}
+    if algorithm == "dflash":
+        ours.update(
+            {"speculative-draft-model-path": drafter, "speculative-num-draft-tokens": block}
         )
-    if spec.startswith("ddtree"):
-        budget = int(spec[len("ddtree") :])
-        return (
-            kit
-            + spec_flags
-            + [
-                "--speculative-algorithm",
-                "DDTREE",
-                "--speculative-draft-model-path",
-                drafter,
-                "--speculative-num-draft-tokens",
-                str(budget + 1),
-                "--speculative-dflash-block-size",
-                str(block),
-            ]
+    if algorithm == "ddtree":
+        ours.update(
+            {
+                "speculative-draft-model-path": drafter,
+                "speculative-num-draft-tokens": budget + 1,
+                "speculative-dflash-block-size": block,
+            }
         )
-    raise SystemExit(
-        f"unknown server spec {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-        f"optional +graphs and +patched"
+    graphs = kit.graph_args(graph_bs if "graphs" in mods else 0)
+    return kit.with_args(cfg, kit.kit_args(cfg.algorithm in kit.SPECULATIVE), ours, graphs)
+
+
+def run_server(label, cfg, prompts, args):
+    log_path = Path(args.out) / f"server_{label.replace('+', '_')}.log"
+    srv = kit.Server(
+        cfg,
+        log_path,
+        port=args.port,
+        start_timeout=args.start_timeout,
+        launcher=args.launcher,
+        log_tail=args.log_tail,
     )
-
-
-def apply_patches(site: str) -> str:
-    """``sglang-spec patch apply`` on the kit's SGLang (idempotent); returns its report."""
-    out = subprocess.run(
-        [PY, "-m", "sglang_spec.cli", "patch", "apply", "--sglang-dir", site],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
-
-def run_server(label, target, flags, prompts, args, log_dir):
-    cmd = [
-        PY,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        target,
-        "--port",
-        str(PORT),
-        "--host",
-        "127.0.0.1",
-        *flags,
-    ]
-    try:  # a server left on the port would silently answer for this one
-        call("/health", timeout=2)
-        raise SystemExit(f"port {PORT} already serves something: stop it before testing {label}")
-    except OSError:
-        pass
-    log_path = os.path.join(log_dir, f"server_{label.replace('+', '_')}.log")
-    log = open(log_path, "w")
-    t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    res = {"label": label, "cmd": " ".join(cmd), "ok": False}
+    res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
     try:
-        while time.time() - t0 < args.start_timeout and p.poll() is None:
-            try:  # a fresh server's first /health runs a generation that may JIT-compile kernels for seconds
-                call("/health", timeout=60)
-                break
-            except Exception:
-                time.sleep(2)
-        if p.poll() is not None or time.time() - t0 >= args.start_timeout:
-            raise RuntimeError("server did not become healthy")
-        res["start_s"] = round(time.time() - t0, 1)
-        exercise(res, prompts, args, label)
+        with srv:
+            res["start_s"] = srv.start_s
+            exercise(res, srv.url, prompts, args, label)
         res["ok"] = True
-    except Exception as e:  # noqa: BLE001
-        res["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-    log.close()
-    lines = open(log_path, errors="replace").read().splitlines()
+    except (
+        kit.ServerFailed,
+        OSError,
+        KeyError,
+        TypeError,
+        ValueError,
+        subprocess.CalledProcessError,
+    ) as e:
+        res["error"] = kit.http_error_text(e)
+    lines = srv.log_text().splitlines()
     res["log_ddtree"] = [
         ln for ln in lines if "DDTREE" in ln or "ddtree" in ln or "sglang_spec" in ln
     ][:20]
@@ -210,24 +146,24 @@ def run_server(label, target, flags, prompts, args, log_dir):
             flush=True,
         )
     else:  # only failed servers keep their log (the device returns few files)
-        os.remove(log_path)
+        log_path.unlink()
     return res
 
 
-def exercise(res, prompts, args, label):
+def exercise(res, url, prompts, args, label):
     """Greedy requests one by one and concurrently, sampled requests, optional distribution samples and
-    load-test sweep against the server on PORT; results go into ``res``."""
+    load-test sweep against the server at ``url``; results go into ``res``."""
     t1 = time.time()
-    res["greedy"] = [generate(pr, args.max_new_tokens) for pr in prompts]
+    res["greedy"] = [generate(url, pr, args.max_new_tokens) for pr in prompts]
     res["greedy_s"] = round(time.time() - t1, 2)
     with cf.ThreadPoolExecutor(len(prompts)) as ex:
         res["greedy_concurrent"] = list(
-            ex.map(lambda pr: generate(pr, args.max_new_tokens), prompts)
+            ex.map(lambda pr: generate(url, pr, args.max_new_tokens), prompts)
         )
     with cf.ThreadPoolExecutor(8) as ex:
         res["sampled"] = list(
             ex.map(
-                lambda i: generate(prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
+                lambda i: generate(url, prompts[i % len(prompts)], args.max_new_tokens, 0.8, i),
                 range(args.samples),
             )
         )
@@ -236,7 +172,7 @@ def exercise(res, prompts, args, label):
         with cf.ThreadPoolExecutor(32) as ex:
             outs = list(
                 ex.map(
-                    lambda i: generate(prompts[0], 2, args.dist_temperature, 10_000 + i),
+                    lambda i: generate(url, prompts[0], 2, args.dist_temperature, 10_000 + i),
                     range(args.dist_samples),
                 )
             )
@@ -245,11 +181,11 @@ def exercise(res, prompts, args, label):
         os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
         subprocess.run(
             [
-                PY,
+                sys.executable,
                 "-m",
                 "loadtests.sweep",
                 "--base-url",
-                f"http://127.0.0.1:{PORT}",
+                url,
                 "--api",
                 "generate",
                 "--prompts",
@@ -272,10 +208,10 @@ def exercise(res, prompts, args, label):
             check=True,
         )
     try:
-        res["server_info_accept"] = call("/server_info")["internal_states"][0].get(
+        res["server_info_accept"] = kit.call(url + "/server_info")["internal_states"][0].get(
             "avg_spec_accept_length"
         )
-    except Exception as e:  # noqa: BLE001
+    except (OSError, KeyError, IndexError, TypeError) as e:
         res["server_info_accept"] = f"{type(e).__name__}"
 
 
@@ -322,8 +258,10 @@ def summarize(results, baseline=None):
     print("\n".join(rows))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m e2e.tiny_pair", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/e2e"))
     ap.add_argument(
         "--target", help="target model dir (default: the kit's tiny random Qwen3.5 hybrid)"
@@ -341,7 +279,7 @@ def main():
         type=int,
         default=0,
         help="also sample this many 2-token completions of the first prompt (T = --dist-temperature) "
-        "for a distribution test (tools/e2e_sampling_check.py --pairs)",
+        "for a distribution test (e2e/sampling_check.py)",
     )
     ap.add_argument("--dist-temperature", type=float, default=1.0)
     ap.add_argument(
@@ -369,51 +307,26 @@ def main():
     )
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
-    args = ap.parse_args()
-    baseline = None
-    if args.baseline:
-        baseline = next(
-            (r for r in json.load(open(args.baseline)) if r["label"].startswith("ar") and r["ok"]),
-            None,
-        )
-        if baseline is None:
-            raise SystemExit(
-                f"--baseline {args.baseline}: no successful AR server in that run to compare with"
-            )
-    os.makedirs(args.out, exist_ok=True)
-    site = "/tmp/gpukit/site"
-    subprocess.run(
-        [
-            PY,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            site,
-            ".",
-        ],
-        check=True,
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument(
+        "--launcher", default=DEFAULT_LAUNCHER, help="server command prefix ({python} = this one)"
     )
-    if args.target is None:
-        kit = ".gpu-kit/smoke"
-        subprocess.run(
-            [PY, f"{kit}/make_tiny_qwen3.py", "/tmp/tiny-qwen3"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        subprocess.run(
-            [PY, f"{kit}/make_tiny_variants.py", "/tmp/tiny-qwen3"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        args.target, args.drafter = "/tmp/tiny-qwen35", "/tmp/tiny-dflash-q35"
-    block = (
-        json.load(open(os.path.join(args.drafter, "config.json"))).get("block_size")
-        or json.load(open(os.path.join(args.drafter, "config.json")))["dflash_config"]["block_size"]
-    )
+    args = ap.parse_args(argv)
+    try:
+        specs = args.servers.split(",")
+        for spec in specs:
+            parse_server(spec)
+        baseline = load_baseline(args.baseline) if args.baseline else None
+        if args.target is None:
+            args.target, args.drafter = build_kit_pair()
+        if args.drafter is None:
+            raise kit.HarnessError("--target needs --drafter (the DFlash drafter for it)")
+        block = kit.drafter_block_size(args.drafter)
+        os.makedirs(args.out, exist_ok=True)
+        print(f"plugin: {kit.install_plugin()}", flush=True)
+    except kit.HarnessError as e:
+        print(f"python -m e2e.tiny_pair: {e}", file=sys.stderr)
+        return 2
     if args.prompts:
         prompts = [json.loads(ln)["prompt"] for ln in open(args.prompts) if ln.strip()][
             : args.num_prompts
@@ -421,27 +334,63 @@ def main():
     else:
         prompts = DEFAULT_PROMPTS[: args.num_prompts]
     results = []
-    for spec in args.servers.split(","):
-        name, *mods = spec.split("+")
-        if set(mods) - {"graphs", "patched"}:
-            raise SystemExit(f"unknown modifier in {spec!r}: valid are +graphs and +patched")
-        print(f"=== {spec}", flush=True)
-        patch_report = (
-            apply_patches(site) if "patched" in mods else None
-        )  # stays applied for later servers
-        flags = server_flags(name, args.drafter, block, args.graph_bs if "graphs" in mods else 0)
-        results.append(run_server(spec, args.target, flags, prompts, args, args.out))
-        if patch_report:
-            results[-1]["patch_apply"] = patch_report
-        json.dump(results, open(os.path.join(args.out, "e2e.json"), "w"), indent=1)
+    with kit.sigterm_as_interrupt():  # a timed-out call stops its server (Server.__exit__)
+        for spec in specs:
+            print(f"=== {spec}", flush=True)
+            # +patched stays applied for later servers
+            patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
+            cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs)
+            results.append(run_server(spec, cfg, prompts, args))
+            if patch_report:
+                results[-1]["patch_apply"] = patch_report
+            Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     summarize(results, baseline)
     if args.sweep:
         sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))
         subprocess.run(
-            [PY, "-m", "loadtests.compare", *sweeps, "-o", os.path.join(args.out, "report")],
+            [
+                sys.executable,
+                "-m",
+                "loadtests.compare",
+                *sweeps,
+                "-o",
+                os.path.join(args.out, "report"),
+            ],
             check=False,
         )
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def load_baseline(path: str) -> dict:
+    """The successful AR server of an earlier run's ``e2e.json``."""
+    try:
+        runs = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise kit.HarnessError(f"--baseline {path}: {e}") from None
+    base = next((r for r in runs if r["label"].startswith("ar") and r["ok"]), None)
+    if base is None:
+        raise kit.HarnessError(
+            f"--baseline {path}: no successful AR server in that run to compare with"
+        )
+    return base
+
+
+def build_kit_pair() -> tuple[str, str]:
+    """The GPU kit's tiny random Qwen3.5-hybrid target and DFlash drafter (its smoke scripts)."""
+    smoke = kit.REPO / ".gpu-kit" / "smoke"
+    if not smoke.is_dir():
+        raise kit.HarnessError(
+            "no --target given and no .gpu-kit/smoke to build the kit's tiny pair: pass "
+            "--target/--drafter or run bash ../shared/sglang-gpu-kit/prepare.sh"
+        )
+    for script in ("make_tiny_qwen3.py", "make_tiny_variants.py"):
+        subprocess.run(
+            [sys.executable, str(smoke / script), "/tmp/tiny-qwen3"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    return "/tmp/tiny-qwen35", "/tmp/tiny-dflash-q35"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,7 @@
 
 Run on the GPU machine after ``source .gpu-kit/setup.sh``::
 
-    $SGLANG_KIT_PYTHON tools/gpu_tree_kernels_check.py
+    $SGLANG_KIT_PYTHON -m e2e.tree_kernels_check
 
 For random drafter logits it builds DDTrees on the GPU (our Triton kernels), lays them out with
 ``sglang_tree_abi``, draws target tokens that follow the tree part of the way, and runs SGLang's own
@@ -24,7 +24,6 @@ def main() -> int:
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
 
     from sglang_spec.tree import build_ddtree, sglang_tree_abi, walk_greedy
-    from sglang_spec.tree.layout import _child_links
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -38,8 +37,9 @@ def main() -> int:
         tree = build_ddtree(logits, budget, roots)
         seq_lens = torch.randint(1, 300, (bs,), device=dev, generator=gen)
         abi = sglang_tree_abi(tree, seq_lens, seq_lens_sum=None)
-        # Target tokens: follow a random child 80% of the time, else a random token.
-        first, _ = _child_links(tree.parents)
+        # Target tokens: follow a node's first child (the ABI's retrieve_next_token) 80% of the
+        # time, else a random token.
+        first = abi.retrieve_next_token.long()
         tgt = torch.randint(0, vocab, tree.tokens.shape, device=dev, generator=gen)
         follow = (torch.rand(tree.tokens.shape, device=dev, generator=gen) < 0.8) & (first >= 0)
         tgt = torch.where(follow, tree.tokens.gather(1, first.clamp(min=0)), tgt)

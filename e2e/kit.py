@@ -1,0 +1,359 @@
+"""What every GPU harness here shares: where SGLang comes from, the plugin, and one server's life.
+
+- **Where SGLang runs.** Through ``shared/sglang-gpu-kit`` on the lent H200 (``source
+  .gpu-kit/setup.sh`` exports ``SGLANG_KIT_FLAGS``, ``SGLANG_KIT_SPEC_FLAGS`` and
+  ``SGLANG_KIT_PYTHON``), or a stock ``pip install ".[sglang]"`` on any GPU box (no such variables).
+- **The plugin.** In the kit the checkout is pip-installed into the kit's site-packages (SGLang finds
+  DDTREE by its entry point, which needs the dist-info); a stock install must already have it.
+- **Server flags** come from ``server_configs/`` (:func:`config_for`), then the kit's flags, then the
+  harness's own layer (paths of built models, CUDA graphs, dummy weights ...), merged as
+  flag -> value mappings so a later layer replaces a value instead of repeating the flag
+  (:func:`with_args`). The command is built by ``sglang_spec.serving.launch.build_command``.
+- **One server** (:class:`Server`): refuses a busy port, starts SGLang in its own process group with
+  its output in a log file, waits for ``/health``, and stops the whole group (the launcher's
+  helpers), printing the log tail when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from sglang_spec.serving.configs import ServerConfig, load_config, resolve_config_path
+from sglang_spec.serving.launch import (
+    DEFAULT_LAUNCHER,
+    build_command,
+    health_ok,
+    port_in_use,
+    stop_process_group,
+    tail,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+SPECULATIVE = ("NEXTN", "EAGLE3", "DFLASH", "DDTREE")
+# Loopback calls must never go through an *_proxy of the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class HarnessError(RuntimeError):
+    """A bad request to a harness or an environment it cannot run in (one line, no traceback)."""
+
+
+# ------------------------------------------------------------------------------------ environment
+def in_kit() -> bool:
+    """True after ``source .gpu-kit/setup.sh`` (the kit's SGLang copy, not a stock install)."""
+    return "SGLANG_KIT_FLAGS" in os.environ
+
+
+def sglang_site() -> Path:
+    """The site-packages directory SGLang is imported from (found without importing SGLang)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.origin:
+        raise HarnessError(
+            "SGLang is not importable: source .gpu-kit/setup.sh (lent H200) or "
+            "pip install '.[sglang]' (GPU box)"
+        )
+    return Path(spec.origin).resolve().parents[1]
+
+
+def install_plugin() -> str:
+    """Make SGLang see this checkout's DDTREE plugin; returns what was done.
+
+    In the kit: ``pip install --upgrade --target <kit site> .`` (``--upgrade``: a warm machine keeps
+    the previous call's copy, which plain ``--target`` would silently leave in place). On a stock
+    install the entry point must already be registered by ``pip install -e '.[sglang]'``.
+    """
+    if in_kit():
+        site = sglang_site()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--upgrade",
+                "--target",
+                str(site),
+                str(REPO),
+            ],
+            check=True,
+        )
+        return f"installed {REPO} into {site}"
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    if not any(ep.name == "ddtree" for ep in eps):
+        raise HarnessError(
+            "the DDTREE plugin is not installed for this Python: run pip install -e '.[sglang]' "
+            "from the repository root"
+        )
+    return "plugin entry point already registered"
+
+
+def apply_patches() -> str:
+    """``sglang-spec patch apply`` on the SGLang copy in use (idempotent); returns its report."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_spec.cli",
+            "patch",
+            "apply",
+            "--sglang-dir",
+            str(sglang_site()),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    return out.stdout.strip()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within: SIGTERM (``timeout``, a device call's limit) raises KeyboardInterrupt like Ctrl-C,
+    so that ``with Server(...)`` stops its server instead of leaving it to answer the next call."""
+
+    def handler(signum, frame):  # noqa: ARG001 (signal handler signature)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+# ------------------------------------------------------------------------------------ server args
+def parse_flags(argv: list[str]) -> dict:
+    """``["--a", "1", "--b", "--c", "x", "y"]`` -> ``{"a": "1", "b": True, "c": ["x", "y"]}``."""
+    out: dict = {}
+    key = None
+    for tok in argv:
+        if tok.startswith("--"):
+            key = tok[2:]
+            out[key] = True
+        elif key is None:
+            raise HarnessError(f"flag list {argv!r} does not start with a --flag")
+        elif out[key] is True:
+            out[key] = tok
+        else:
+            out[key] = [*out[key], tok] if isinstance(out[key], list) else [out[key], tok]
+    return out
+
+
+def kit_args(speculative: bool) -> dict:
+    """The flags the kit requires (empty outside the kit); the draft flags only for speculation."""
+    flags = os.environ.get("SGLANG_KIT_FLAGS", "").split()
+    if speculative:
+        flags += os.environ.get("SGLANG_KIT_SPEC_FLAGS", "").split()
+    return parse_flags(flags)
+
+
+def graph_args(max_bs: int) -> dict:
+    """CUDA graphs for decode (and verify) batches up to ``max_bs``; 0 = eager."""
+    if max_bs <= 0:
+        return {"disable-cuda-graph": True}
+    # --cuda-graph-max-bs alone is ambiguous in 0.5.23 (the kit's README).
+    return {"disable-cuda-graph": False, "cuda-graph-max-bs-decode": max_bs}
+
+
+def config_for(prefix: str, algorithm: str) -> ServerConfig:
+    """The server config ``<prefix><algorithm>`` (e.g. ``qwen3.6-27b-`` + ``dflash``).
+
+    DDTREE configs of one model differ only in their budget, so ``ddtree`` falls back to the
+    model's ``<prefix>ddtree-b<budget>`` file of the smallest budget (harnesses set the budget).
+    """
+    name = f"{prefix}{algorithm.lower()}"
+    try:
+        return load_config(name)
+    except ValueError:
+        if algorithm.lower() != "ddtree":
+            raise
+    folder = resolve_config_path(f"{prefix}ar").parent  # the model's AR config always exists
+    stem = Path(name).name
+    budgets = sorted(
+        (int(m.group(1)), p)
+        for p in folder.glob(f"{stem}-b*.yaml")
+        if (m := re.fullmatch(rf"{re.escape(stem)}-b(\d+)", p.stem))
+    )
+    if not budgets:
+        raise HarnessError(f"no DDTREE server config {name}.yaml or {name}-b<budget>.yaml")
+    return load_config(budgets[0][1])
+
+
+def with_args(cfg: ServerConfig, *layers: dict, env: dict | None = None) -> ServerConfig:
+    """A copy of ``cfg`` whose args are ``cfg.args`` updated by each layer in turn (False drops a
+    bare flag, e.g. the kit's ``disable-cuda-graph``), and whose environment adds ``env``."""
+    args = dict(cfg.args)
+    for layer in layers:
+        args.update(layer)
+    return dataclasses.replace(cfg, args=args, env={**cfg.env, **(env or {})})
+
+
+def drafter_block_size(drafter_dir: str | Path) -> int:
+    """``block_size`` of a DFlash drafter directory (top level or in ``dflash_config``)."""
+    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    block = cfg.get("block_size") or (cfg.get("dflash_config") or {}).get("block_size")
+    if not block:
+        raise HarnessError(f"{drafter_dir}/config.json has no block_size")
+    return int(block)
+
+
+# ------------------------------------------------------------------------------------ HTTP
+def call(url: str, body: dict | list | None = None, timeout: float = 10.0):
+    """GET (no body) or POST JSON to a loopback server; the decoded JSON answer (None if empty)."""
+    req = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with _DIRECT.open(req, timeout=timeout) as r:
+        raw = r.read()
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except json.JSONDecodeError:
+        return raw.decode(errors="replace")
+
+
+# ------------------------------------------------------------------------------------ server log
+_SCHED_RE = re.compile(
+    r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+).*?context_len=(\d+)"
+    r"(?:.*?available_gpu_mem=([\d.]+) GB)?"
+)
+
+
+def parse_server_log(text: str) -> dict:
+    """What a server's log says about its capacity: the scheduler's ``max_running_requests`` (after
+    any cap), ``max_total_num_tokens``, ``context_len``, available GPU memory, and SGLang's lines
+    about the GDN state memory ("Mamba Cache is allocated", "... is capped ...")."""
+    out: dict = {
+        "max_running_requests": None,
+        "max_total_num_tokens": None,
+        "context_len": None,
+        "available_gpu_mem_gb": None,
+        "mamba_cache_log": [],
+        "capped_log": [],
+    }
+    for line in text.splitlines():
+        if m := _SCHED_RE.search(line):
+            out["max_total_num_tokens"] = int(m.group(1))
+            out["max_running_requests"] = int(m.group(2))
+            out["context_len"] = int(m.group(3))
+            if m.group(4):
+                out["available_gpu_mem_gb"] = float(m.group(4))
+        if "Mamba Cache is allocated" in line:
+            out["mamba_cache_log"].append(line[line.index("Mamba Cache") :].strip())
+        if "is capped" in line and "max_running_requests" in line:
+            out["capped_log"].append(line[line.index("max_running_requests") :].strip())
+    return out
+
+
+# ------------------------------------------------------------------------------------ one server
+class ServerFailed(RuntimeError):
+    """The server exited or never became healthy (``Server.tail()`` says why)."""
+
+
+class Server:
+    """One SGLang server from a (merged) config: ``with Server(cfg, log) as s: call(s.url + ...)``.
+
+    ``start_s`` is the wall time from launch to a healthy ``/health``. ``launcher`` is the command
+    prefix (``{python}`` = this interpreter), as for ``sglang-spec serve --launcher``.
+    """
+
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        log_path: str | Path,
+        *,
+        port: int = 30000,
+        start_timeout: float = 300.0,
+        stop_timeout: float = 30.0,
+        launcher: str = DEFAULT_LAUNCHER,
+        log_tail: int = 60,
+    ):
+        self.cfg, self.log_path, self.port = cfg, Path(log_path), port
+        self.start_timeout, self.stop_timeout, self.log_tail = start_timeout, stop_timeout, log_tail
+        self.cmd = build_command(cfg, HOST, port, launcher=launcher)
+        self.url = f"http://{HOST}:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.start_s: float | None = None
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> float:
+        if port_in_use(HOST, self.port):  # a server left there would answer for this one
+            raise HarnessError(f"port {self.port} is already in use: stop that server first")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.cfg.env}
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        # A fresh server's first /health runs a generation that may JIT-compile kernels: allow 60 s.
+        while time.monotonic() - t0 < self.start_timeout and self.proc.poll() is None:
+            if health_ok(self.url + "/health", timeout=60):
+                self.start_s = round(time.monotonic() - t0, 1)
+                return self.start_s
+            time.sleep(0.5)
+        why = (
+            f"exited with code {self.proc.returncode}"
+            if self.proc.poll() is not None
+            else f"not healthy after {self.start_timeout:.0f} s"
+        )
+        self.stop()
+        raise ServerFailed(f"{self.cfg.name} {why} (log: {self.log_path})")
+
+    def stop(self) -> None:
+        """Stop the whole process group and wait (<= 30 s) until none of it is left, so that the
+        next server finds the port and the GPU memory free."""
+        if self.proc is None:
+            return
+        stop_process_group(self.proc, self.stop_timeout)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
+        self.proc = None
+
+    def tail(self) -> str:
+        return "".join(tail(self.log_path, self.log_tail))
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def http_error_text(e: Exception) -> str:
+    """One line for a failed request (an HTTP error's body says why SGLang refused it)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
+    return f"{type(e).__name__}: {e}"

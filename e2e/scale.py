@@ -1,0 +1,622 @@
+"""Real-scale step cost: AR / NEXTN / DFLASH / DDTREE servers of real model shapes, no weights.
+
+One command, on the lent H200 (the GPU kit) or any GPU box with a stock SGLang 0.5.23 install::
+
+    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON -m e2e.scale --out $OUT --time-budget 540 \\
+        --servers qwen3.6-27b:ar qwen3.6-27b:dflash qwen3.6-27b:ddtree:b=15
+    python -m e2e.scale --out runs/scale --servers qwen3-8b:ar qwen3-8b:ddtree:b=63   # stock box
+
+For every server it writes the shape's target and DFlash drafter directories (``config.json`` only,
+:mod:`e2e.shapes`), builds the server from the model's ``server_configs/`` file for the algorithm plus
+the kit's flags and this harness's layer (``--load-format dummy --skip-tokenizer-init``, the built
+paths, CUDA graphs for decode batches up to ``--graph-bs``, the memory flags a big model needs),
+starts it through the project's launcher helpers (:mod:`e2e.kit`), and runs closed-loop levels: at
+each concurrency C, C requests of distinct random 512-token id prompts start together, 128 new
+tokens each, greedy, ``ignore_eos``. One record per level goes to ``<out>/scale.json`` the moment the
+level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps what
+finished; ``<out>/run.json`` says what ran, what was skipped and why; ``<out>/logs/`` holds the
+server logs. ``python -m e2e.scale_report RESULTS.json <out> ...`` merges runs and writes the tables
+and the plot.
+
+A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
+algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs ``b=BUDGET``);
+options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
+benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``stages``
+(DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
+``profile=C`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps at C,
+summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs).
+
+Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
+slowest start seen so far in this call, else ``--start-estimate``) and a first level fit; a level
+runs only if its estimate (the previous level's wall time x C / previous C) fits; the rest is listed
+as skipped. ``--resume FILE`` skips the levels FILE already has, so calls of a few servers each add
+up to one result set. A level that would need more than ``--max-waves`` rounds of requests because
+the server caps its running requests (the GDN state memory) is skipped as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e import kit, records
+from e2e.shapes import SHAPES, Shape, write_model_dirs
+from sglang_spec.plugin import MAX_VERIFY_WIDTH
+from sglang_spec.serving.configs import ServerConfig
+from sglang_spec.serving.launch import DEFAULT_LAUNCHER
+
+LEVELS = (1, 2, 4, 8, 16, 32)
+ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
+FLAG_OPTIONS = {"no-overlap", "stages"}
+VALUE_OPTIONS = {"b", "acc", "tp", "profile"}
+# What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
+# no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
+# memory beside 50 GB of weights), room for the KV pool and the GDN state, a short context.
+DUMMY_MODEL_ARGS = {
+    "load-format": "dummy",
+    "skip-tokenizer-init": True,
+    "disable-prefill-cuda-graph": True,
+    "mem-fraction-static": 0.8,
+    "context-length": 4096,
+}
+PROMPT_ID_RANGE = (1000, 150000)  # ordinary token ids in every shape's vocabulary
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    shape: Shape
+    algorithm: str  # AR | NEXTN | DFLASH | DDTREE
+    budget: int | None = None
+    acc: float | None = None
+    tp: int | None = None
+    flags: tuple[str, ...] = ()  # sorted FLAG_OPTIONS
+    profile: int | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.algorithm in kit.SPECULATIVE
+
+    @property
+    def variant(self) -> str:
+        return "+".join(self.flags)
+
+    @property
+    def label(self) -> str:
+        parts = [self.shape.name, self.algorithm.lower()]
+        parts += [f"b={self.budget}"] if self.budget is not None else []
+        parts += [f"acc={self.acc:g}"] if self.acc is not None else []
+        parts += [f"tp={self.tp}"] if self.tp is not None else []
+        return ":".join(parts + list(self.flags))
+
+    @property
+    def slug(self) -> str:
+        """``label`` as a file name."""
+        return self.label.replace(":", "_").replace("=", "")
+
+
+def parse_spec(text: str) -> ServerSpec:
+    """``SHAPE:ALGORITHM[:OPTION...]`` -> ServerSpec; a one-line error for anything else."""
+    shape_name, _, rest = text.partition(":")
+    if shape_name not in SHAPES:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: unknown shape {shape_name!r}; valid: {', '.join(SHAPES)}"
+        )
+    shape = SHAPES[shape_name]
+    algorithm, *options = rest.split(":") if rest else [""]
+    if algorithm not in ALGORITHMS:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}"
+        )
+    if algorithm == "nextn" and not shape.has_mtp:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: {shape.name} has no MTP layer, so no NEXTN; valid: ar, dflash, ddtree"
+        )
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    for opt in options:
+        name, eq, value = opt.partition("=")
+        if eq and name in VALUE_OPTIONS and name not in values:
+            values[name] = value
+        elif not eq and opt in FLAG_OPTIONS:
+            flags.add(opt)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C, "
+                f"{', '.join(sorted(FLAG_OPTIONS))} (each once)"
+            )
+    spec = ServerSpec(
+        shape=shape,
+        algorithm=algorithm.upper(),
+        budget=_number(text, values, "b", int, 1),
+        acc=_number(text, values, "acc", float, 1.0),
+        tp=_number(text, values, "tp", int, 1),
+        flags=tuple(sorted(flags)),
+        profile=_number(text, values, "profile", int, 1),
+    )
+    max_budget = 255 if shape.hybrid else MAX_VERIFY_WIDTH - 1
+    if spec.algorithm == "DDTREE" and spec.budget is None:
+        raise argparse.ArgumentTypeError(f"server {text!r}: ddtree needs b=BUDGET, e.g. b=15")
+    if spec.algorithm == "DDTREE" and spec.budget > max_budget:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: b={spec.budget} is too large; valid: 1..{max_budget}"
+            + (" (the hybrids' extra_buffer needs verify width <= 256)" if shape.hybrid else "")
+        )
+    if spec.algorithm != "DDTREE" and spec.budget is not None:
+        raise argparse.ArgumentTypeError(f"server {text!r}: b= applies to ddtree only")
+    if spec.acc is not None and not spec.speculative:
+        raise argparse.ArgumentTypeError(f"server {text!r}: acc= applies to speculative servers")
+    if "stages" in flags and spec.algorithm != "DDTREE":
+        raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree only")
+    return spec
+
+
+def _number(text: str, values: dict, name: str, kind: type, lo: float):
+    if name not in values:
+        return None
+    try:
+        v = kind(values[name])
+    except ValueError:
+        v = None
+    if v is None or v < lo or (kind is float and not math.isfinite(v)):
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: {name}={values[name]!r} must be a {kind.__name__} >= {lo:g}"
+        )
+    return v
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"--levels {text!r}: valid: positive integers, e.g. 1,2,4")
+    return levels
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or v <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {kind.__name__}")
+        return v
+
+    return parse
+
+
+def _server_arg(text: str) -> tuple[str, object]:
+    """``FLAG=VALUE``, ``FLAG`` (a bare flag) or ``FLAG=`` (drop the flag)."""
+    name, eq, value = text.partition("=")
+    if not name or name.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"--server-arg {text!r}: valid: FLAG=VALUE, FLAG or FLAG= (no leading --)"
+        )
+    return name, (value or None) if eq else True
+
+
+# ------------------------------------------------------------------------------------ server config
+def server_config(
+    spec: ServerSpec, target: Path, drafter: Path, args: argparse.Namespace, out: Path
+) -> ServerConfig:
+    """The model's server config for the algorithm, with the kit's flags, the dummy-weight layer,
+    the built paths, the budget / TP / options of ``spec`` and ``--server-arg`` on top."""
+    cfg = kit.config_for(spec.shape.config_prefix, spec.algorithm)
+    ours: dict = {**DUMMY_MODEL_ARGS, "model-path": str(target)}
+    if "speculative-draft-model-path" in cfg.args:
+        ours["speculative-draft-model-path"] = str(drafter)
+    ours.update(kit.graph_args(args.graph_bs))
+    ours["max-running-requests"] = args.max_running_requests
+    if spec.budget is not None:
+        ours["speculative-num-draft-tokens"] = spec.budget + 1
+    if spec.tp is not None:
+        ours["tp-size"] = spec.tp
+    if "no-overlap" in spec.flags:
+        ours["disable-overlap-schedule"] = True
+    env = {}
+    if spec.acc is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"
+    if "stages" in spec.flags:
+        env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
+    if spec.profile is not None:  # the decode trace starts once the batch holds all C requests
+        env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(spec.profile)
+    return kit.with_args(
+        cfg, kit.kit_args(spec.speculative), ours, dict(args.server_arg or []), env=env
+    )
+
+
+def verify_width(cfg: ServerConfig, spec: ServerSpec, drafter: Path) -> int:
+    if not spec.speculative:
+        return 1
+    n = cfg.args.get("speculative-num-draft-tokens")
+    return int(n) if n is not None else kit.drafter_block_size(drafter)
+
+
+# ------------------------------------------------------------------------------------ requests
+def prompts(n: int, seed: tuple, length: int) -> list[list[int]]:
+    """``n`` distinct random id prompts (no shared prefix, so no radix-cache hits between them)."""
+    rng = random.Random(repr(seed))
+    return [[rng.randrange(*PROMPT_ID_RANGE) for _ in range(length)] for _ in range(n)]
+
+
+def generate(url: str, ids: list[list[int]], new_tokens: int, timeout: float) -> list[dict]:
+    """One batched ``/generate`` (SGLang schedules its requests together); their ``meta_info``."""
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True},
+    }
+    out = kit.call(url + "/generate", body, timeout=timeout)
+    if not isinstance(out, list) or len(out) != len(ids):
+        raise kit.HarnessError(f"/generate answered {type(out).__name__}, not {len(ids)} results")
+    return [o["meta_info"] for o in out]
+
+
+def flush(url: str) -> None:
+    try:
+        kit.call(url + "/flush_cache", {}, timeout=60)
+    except OSError as e:  # a failed flush only costs memory; the prompts never share a prefix
+        print(f"[scale] /flush_cache failed: {kit.http_error_text(e)}", flush=True)
+
+
+# ------------------------------------------------------------------------------------ the run
+class Run:
+    """One call: the servers in order under one wall-clock budget, results written as they come."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.time_budget
+        self.out = Path(args.out)
+        self.results = self.out / "scale.json"
+        self.done = {records.key(r) for f in args.resume or [] for r in records.load(f)}
+        self.done |= {records.key(r) for r in records.load(self.results)}
+        self.slowest_start = args.start_estimate
+        self.log: dict = {
+            "started": _dt.datetime.now().isoformat(timespec="seconds"),
+            "time_budget_s": args.time_budget,
+            "argv": sys.argv[1:],
+            "servers": [],
+        }
+        self.env = {
+            "gpu": _gpu_name(),
+            "sglang_version": _version("sglang"),
+            "kit": kit.in_kit(),
+        }
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def level_key(self, spec: ServerSpec, c: int) -> tuple:
+        return records.key(self.base_record(spec, c))
+
+    def base_record(self, spec: ServerSpec, c: int) -> dict:
+        return {
+            "shape": spec.shape.name,
+            "algorithm": spec.algorithm,
+            "budget": spec.budget,
+            "variant": spec.variant,
+            "tp": spec.tp or 1,
+            "simulated_accept_len": spec.acc,
+            "concurrency": c,
+        }
+
+    def write_log(self) -> None:
+        self.log["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        (self.out / "run.json").write_text(json.dumps(self.log, indent=1) + "\n")
+
+    def run(self, specs: list[ServerSpec]) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if any(s.algorithm == "DDTREE" for s in specs):
+            print(f"[scale] plugin: {kit.install_plugin()}", flush=True)
+        ok = True
+        for spec in specs:
+            entry = {"server": spec.label, "status": "pending", "skipped_levels": []}
+            self.log["servers"].append(entry)
+            ok &= self.server(spec, entry)
+            self.write_log()
+        return 0 if ok else 1
+
+    def server(self, spec: ServerSpec, entry: dict) -> bool:
+        args = self.args
+        todo = [c for c in args.levels if self.level_key(spec, c) not in self.done]
+        if not todo and spec.profile is None:
+            entry["status"] = "done earlier"
+            return True
+        reserve = args.reserve
+        if self.remaining() < self.slowest_start + args.first_level_estimate + reserve:
+            entry["status"] = f"skipped: {self.remaining():.0f} s left of the time budget"
+            entry["skipped_levels"] = [
+                {"concurrency": c, "why": "server not started"} for c in todo
+            ]
+            print(f"[scale] {spec.label}: {entry['status']}", flush=True)
+            return True
+        target, drafter = write_model_dirs(spec.shape, args.models_dir)
+        (self.out / "stages").mkdir(exist_ok=True)
+        cfg = server_config(spec, target, drafter, args, self.out)
+        width = verify_width(cfg, spec, drafter)
+        log_path = self.out / "logs" / f"{spec.slug}.log"
+        srv = kit.Server(
+            cfg,
+            log_path,
+            port=args.port,
+            start_timeout=min(args.start_timeout, self.remaining() - reserve),
+            stop_timeout=10,
+            launcher=args.launcher,
+        )
+        entry["command"] = " ".join(srv.cmd)
+        entry["env"] = {k: v for k, v in cfg.env.items()}
+        print(f"[scale] === {spec.label}: {entry['command']}", flush=True)
+        try:
+            with srv:
+                self.slowest_start = max(self.slowest_start, srv.start_s)
+                info = kit.parse_server_log(srv.log_text())
+                entry.update(status="running", start_s=srv.start_s, **info)
+                print(
+                    f"[scale] {spec.label}: healthy in {srv.start_s} s, max_running_requests "
+                    f"{info['max_running_requests']}",
+                    flush=True,
+                )
+                self.warmup(srv.url, todo, info)
+                server_fields = {
+                    "width": width,
+                    "max_running_requests": info["max_running_requests"],
+                    "server": spec.label,
+                    "server_config": cfg.name,
+                    "start_s": srv.start_s,
+                    "cuda_graph_max_bs": args.graph_bs,
+                    "mamba_cache_log": info["mamba_cache_log"],
+                    "capped_log": info["capped_log"],
+                    "max_total_num_tokens": info["max_total_num_tokens"],
+                    **self.env,
+                }
+                self.levels(spec, srv.url, todo, server_fields, entry)
+                if spec.profile is not None:
+                    entry["profile"] = self.profile(spec, srv.url, info)
+            entry["status"] = "finished"
+            return True
+        except (kit.ServerFailed, kit.HarnessError, OSError, records.RecordError) as e:
+            entry["status"] = f"failed: {kit.http_error_text(e)}"
+            entry["log_tail"] = srv.tail().splitlines()
+            print(
+                f"[scale] {spec.label} {entry['status']}; log tail:\n{srv.tail()}",
+                flush=True,
+            )
+            return False
+        finally:
+            if "stages" in spec.flags:
+                entry["stages"] = summarize_stage_file(self.out / "stages", spec.slug)
+
+    def warmup(self, url: str, todo: list[int], info: dict) -> None:
+        """JIT compilation and first-use allocations before anything is timed."""
+        n = min(max(todo or [1]), info["max_running_requests"] or 1)
+        for count in sorted({1, n}):
+            generate(url, prompts(count, ("warmup", count), self.args.prompt_len), 8, 300)
+
+    def levels(self, spec, url, todo, server_fields, entry) -> None:
+        args, prev = self.args, None
+        mrr = server_fields["max_running_requests"] or max(todo)
+        for i, c in enumerate(todo):
+            waves = math.ceil(c / mrr)
+            est = prev[1] * c / prev[0] if prev else args.first_level_estimate
+            why = None
+            if waves > args.max_waves:
+                why = f"{waves} rounds of requests (max_running_requests {mrr} < C = {c})"
+            elif est > self.remaining() - args.reserve:
+                why = f"estimated {est:.0f} s, {self.remaining():.0f} s left"
+            if why:
+                entry["skipped_levels"] += [{"concurrency": x, "why": why} for x in todo[i:]]
+                print(f"[scale] {spec.label}: skipping C >= {c}: {why}", flush=True)
+                return
+            runs = []
+            for r in range(args.repeats):
+                flush(url)
+                ids = prompts(c, ("level", c, r), args.prompt_len)
+                t = time.monotonic()
+                metas = generate(url, ids, args.new_tokens, self.remaining() - args.reserve)
+                runs.append(records.level_metrics(metas, time.monotonic() - t, spec.speculative))
+            best = sorted(runs, key=lambda m: m["ms_per_step"])[len(runs) // 2]  # the median run
+            rec = records.validate(
+                {
+                    **self.base_record(spec, c),
+                    **server_fields,
+                    **best,
+                    "ms_per_step_runs": [round(m["ms_per_step"], 3) for m in runs],
+                    "requests": c,
+                    "prompt_len": args.prompt_len,
+                    "max_new_tokens": args.new_tokens,
+                    "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
+                }
+            )
+            records.save(self.results, records.merge(records.load(self.results), [rec]))
+            self.done.add(records.key(rec))
+            prev = (c, sum(m["wall_s"] for m in runs))
+            print(
+                f"[scale] {spec.label} C={c}: {rec['ms_per_step']:.1f} ms/step, "
+                f"{rec['tokens_per_s']:.0f} tok/s, {rec['tokens_per_step']:.2f} tok/step",
+                flush=True,
+            )
+            self.write_log()
+
+    def profile(self, spec: ServerSpec, url: str, info: dict) -> dict:
+        """A torch-profiler trace of a few decode steps at C = ``spec.profile``, summarised."""
+        from e2e import trace
+
+        c, steps = spec.profile, self.args.profile_steps
+        mrr = info["max_running_requests"] or c
+        if c > mrr:
+            return {"status": f"skipped: C = {c} > max_running_requests {mrr}"}
+        decode_steps = (self.args.new_tokens - 1) / (spec.acc or 1.0)
+        if decode_steps < steps + 1:
+            return {"status": f"skipped: {decode_steps:.0f} decode steps < --profile-steps + 1"}
+        folder = (self.out / "profiles" / f"{spec.slug}-C{c}").resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        kit.call(
+            url + "/start_profile",
+            {
+                "output_dir": str(folder),
+                "num_steps": steps,
+                "activities": ["CPU", "GPU"],
+                "profile_by_stage": True,
+                "with_stack": False,
+                "record_shapes": False,
+                "profile_prefix": spec.slug,
+            },
+            timeout=60,
+        )
+        flush(url)
+        ids = prompts(c, ("profile", c), self.args.prompt_len)
+        generate(url, ids, self.args.new_tokens, self.remaining() - self.args.reserve)
+        deadline = time.monotonic() + min(120.0, max(self.remaining() - self.args.reserve, 5))
+        events = path = None
+        while events is None and time.monotonic() < deadline:  # the export can lag the requests
+            for path in sorted(folder.glob("*DECODE*.trace.json*")):
+                try:
+                    events = trace.load_events(path)
+                except (OSError, EOFError, ValueError):  # still being written
+                    events = None
+            time.sleep(1.0)
+        if events is None:
+            return {"status": "failed: no complete decode trace written"}
+        summary = trace.summarize(events, steps)
+        summary.update(server=spec.label, concurrency=c, trace=path.name)
+        (folder.parent / f"{spec.slug}-C{c}.json").write_text(json.dumps(summary, indent=1))
+        for f in folder.iterdir():
+            if not (self.args.keep_traces and f == path):
+                f.unlink()
+        print(trace.markdown(summary), flush=True)
+        return {"status": "ok", "verify_graph_replayed": summary["verify_graph_replayed"]}
+
+
+# ------------------------------------------------------------------------------------ stage times
+def summarize_stage_file(folder: Path, slug: str) -> dict | None:
+    """``<folder>/<slug>.jsonl`` (one decode step per line, as the DDTREE worker appends with
+    ``SGLANG_DDTREE_STAGE_TIMES``) -> ``<folder>/<slug>.json``: per batch size, the step count and
+    the median host and GPU milliseconds of each stage."""
+    raw = folder / f"{slug}.jsonl"
+    if not raw.exists():
+        return None
+    steps = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    summary = {"server_slug": slug, "by_bs": stage_medians(steps)}
+    (folder / f"{slug}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return {"steps": len(steps), "batch_sizes": sorted(summary["by_bs"], key=int)}
+
+
+def stage_medians(steps: list[dict]) -> dict:
+    by_bs: dict[int, list[dict]] = {}
+    for s in steps:
+        by_bs.setdefault(int(s["bs"]), []).append(s)
+    out = {}
+    for bs, rows in sorted(by_bs.items()):
+        entry = {"steps": len(rows), "width": rows[0].get("width")}
+        for kind in ("host_ms", "gpu_ms"):
+            stages = list(dict.fromkeys(k for r in rows for k in r.get(kind, {})))
+            entry[kind] = {
+                st: statistics.median(r[kind][st] for r in rows if st in r.get(kind, {}))
+                for st in stages
+            }
+        out[str(bs)] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------------ environment
+def _gpu_name() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return f"{len(lines)}x {lines[0]}" if out.returncode == 0 and lines else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m e2e.scale",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--servers", nargs="+", type=parse_spec, required=True, metavar="SPEC")
+    ap.add_argument("--out", required=True, help="run directory (scale.json, run.json, logs/)")
+    ap.add_argument("--resume", nargs="*", help="results JSON files whose levels are not re-run")
+    ap.add_argument("--levels", type=_levels, default=LEVELS, help="concurrencies, e.g. 1,2,4")
+    ap.add_argument("--prompt-len", type=_positive(int), default=512)
+    ap.add_argument("--new-tokens", type=_positive(int), default=128)
+    ap.add_argument("--repeats", type=_positive(int), default=1, help="runs per level (median)")
+    ap.add_argument("--time-budget", type=_positive(float), default=540.0, help="seconds")
+    ap.add_argument("--reserve", type=_positive(float), default=25.0, help="s kept to stop")
+    ap.add_argument(
+        "--start-estimate", type=_positive(float), default=150.0, help="s, a server start"
+    )
+    ap.add_argument("--first-level-estimate", type=_positive(float), default=20.0, help="s")
+    ap.add_argument("--start-timeout", type=_positive(float), default=300.0)
+    ap.add_argument(
+        "--max-waves", type=_positive(int), default=4, help="skip levels needing more rounds"
+    )
+    ap.add_argument("--graph-bs", type=int, default=32, help="CUDA graphs up to this batch; 0 off")
+    ap.add_argument("--max-running-requests", type=_positive(int), default=32)
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        type=_server_arg,
+        metavar="FLAG=VALUE",
+        help="SGLang flag for every server, over everything else (FLAG= drops one), e.g. "
+        "mamba-radix-cache-strategy=no_buffer",
+    )
+    ap.add_argument("--profile-steps", type=_positive(int), default=5)
+    ap.add_argument("--keep-traces", action="store_true", help="keep the raw decode traces")
+    ap.add_argument("--models-dir", default="/tmp/e2e-models", help="where config dirs are written")
+    ap.add_argument("--port", type=_positive(int), default=30000)
+    ap.add_argument("--launcher", default=DEFAULT_LAUNCHER, help="{python} = this interpreter")
+    args = ap.parse_args(argv)
+    try:
+        run = Run(args)
+    except (kit.HarnessError, records.RecordError) as e:
+        print(f"python -m e2e.scale: {e}", file=sys.stderr)
+        return 2
+    try:
+        with kit.sigterm_as_interrupt():
+            return run.run(args.servers)
+    except kit.HarnessError as e:
+        print(f"python -m e2e.scale: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        run.log["interrupted"] = True
+        print("[scale] interrupted; the levels that finished are in scale.json", flush=True)
+        return 130
+    finally:
+        run.write_log()
+        _print_table(run.results)
+
+
+def _print_table(path: Path) -> None:
+    from e2e.scale_report import level_tables
+
+    if path.exists():
+        print(level_tables(records.load(path)), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

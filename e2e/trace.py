@@ -1,0 +1,140 @@
+"""A torch-profiler trace of a few decode steps (SGLang's ``/start_profile``), read offline on a CPU.
+
+``python -m e2e.trace TRACE.trace.json.gz --steps N`` prints the top GPU kernels by time and says
+whether the steps replay CUDA graphs. Every GPU activity in a Kineto trace carries the
+``correlation`` id of the host call that launched it: a kernel whose launch is ``cudaGraphLaunch``
+ran inside a replayed graph, one launched by ``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran
+eagerly. The verdict ``verify_graph_replayed`` needs (a) at least one graph launch per step and
+(b) graph-launched work holding the majority of the steps' GPU time: for a real-scale target the
+verify forward (all target layers at the verify width) is by far the largest part of a step, so a
+verify that ran eagerly -- graphs only for the drafter's few layers -- cannot pass (b), while the
+eager work around a replayed verify (top-K, tree build, walk, commit) can stay a minority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
+KERNEL_LAUNCHES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchCooperativeKernel",
+)
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The ``traceEvents`` of a (gzipped) chrome trace."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
+    """Per-step GPU time split by origin (graph replay or eager launch), launch counts, the top
+    GPU activities by total time, and the graph-replay verdict (see the module docstring)."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
+    host = {}  # correlation id -> host call name
+    graph_launches = eager_launches = 0
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            name = e.get("name", "")
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                host[corr] = name
+            graph_launches += name in GRAPH_LAUNCHES
+            eager_launches += name in KERNEL_LAUNCHES
+    by_name: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "count": 0, "graph_ms": 0.0})
+    total = {"graph": 0.0, "eager": 0.0}
+    for e in events:
+        if e.get("cat") not in GPU_CATEGORIES or e.get("ph") != "X":
+            continue
+        ms = float(e.get("dur", 0.0)) / 1000.0
+        origin = (
+            "graph"
+            if host.get((e.get("args") or {}).get("correlation")) in GRAPH_LAUNCHES
+            else "eager"
+        )
+        total[origin] += ms
+        row = by_name[e.get("name", "?")]
+        row["ms"] += ms
+        row["count"] += 1
+        row["graph_ms"] += ms if origin == "graph" else 0.0
+    gpu_ms = total["graph"] + total["eager"]
+    graph_share = total["graph"] / gpu_ms if gpu_ms else 0.0
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1]["ms"])[:top]
+    return {
+        "steps": steps,
+        "gpu_ms_per_step": gpu_ms / steps,
+        "graph_ms_per_step": total["graph"] / steps,
+        "eager_ms_per_step": total["eager"] / steps,
+        "graph_share": graph_share,
+        "graph_launches_per_step": graph_launches / steps,
+        "eager_launches_per_step": eager_launches / steps,
+        "verify_graph_replayed": graph_launches >= steps and graph_share > 0.5,
+        "top_kernels": [
+            {
+                "name": name,
+                "ms_per_step": row["ms"] / steps,
+                "calls_per_step": row["count"] / steps,
+                "share": row["ms"] / gpu_ms if gpu_ms else 0.0,
+                "in_graph": row["graph_ms"] / row["ms"] if row["ms"] else 0.0,
+            }
+            for name, row in ranked
+        ],
+    }
+
+
+def markdown(summary: dict) -> str:
+    s = summary
+    head = (
+        f"{s.get('server', 'trace')}"
+        + (f" at C = {s['concurrency']}" if "concurrency" in s else "")
+        + f": {s['gpu_ms_per_step']:.2f} GPU ms per step over {s['steps']} steps, "
+        f"{100 * s['graph_share']:.0f}% of it in replayed CUDA graphs "
+        f"({s['graph_launches_per_step']:.1f} graph launches, "
+        f"{s['eager_launches_per_step']:.1f} eager kernel launches per step); "
+        f"verify replays a CUDA graph: {'yes' if s['verify_graph_replayed'] else 'NO'}"
+    )
+    rows = [
+        "| kernel | GPU ms/step | calls/step | share | in graphs |",
+        "|---|---|---|---|---|",
+    ]
+    for k in s["top_kernels"]:
+        name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
+        rows.append(
+            f"| `{name}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} | "
+            f"{100 * k['share']:.1f}% | {100 * k['in_graph']:.0f}% |"
+        )
+    return head + "\n\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m e2e.trace", description=__doc__.splitlines()[0])
+    ap.add_argument("trace", type=Path, help="a *.trace.json[.gz] written by SGLang's profiler")
+    ap.add_argument("--steps", type=int, required=True, help="decode steps the trace holds")
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args(argv)
+    if not args.trace.is_file():
+        print(f"python -m e2e.trace: no such file {args.trace}", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.top < 1:
+        print("python -m e2e.trace: --steps and --top must be >= 1", file=sys.stderr)
+        return 2
+    print(markdown(summarize(load_events(args.trace), args.steps, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""A stand-in for ``python -m sglang.launch_server`` that the e2e harness tests launch (``--launcher``).
+
+It serves what the harnesses read from a real server -- the scheduler's capacity line, the GDN state
+lines, ``/health``, ``/flush_cache``, ``/server_info``, batched and single ``/generate`` (ids or
+text) with SGLang's ``meta_info`` counts, ``/start_profile`` writing a Kineto-like decode trace, and
+the DDTREE per-stage file when ``SGLANG_DDTREE_STAGE_TIMES`` is set -- and appends its argv and the
+environment it was given to ``$FAKE_CALLS`` (one JSON line per start). Knobs: ``FAKE_CAP`` (SGLang
+caps max_running_requests to it), ``FAKE_CRASH=<ALGORITHM>`` (that server dies at start),
+``FAKE_STEP_MS`` (time per decode step).
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ENV_SEEN = (
+    "SGLANG_SIMULATE_ACC_LEN",
+    "SGLANG_DDTREE_STAGE_TIMES",
+    "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS",
+)
+argv = sys.argv[1:]
+
+
+def flag(name: str, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+ALGORITHM = flag("--speculative-algorithm")
+WIDTH = int(flag("--speculative-num-draft-tokens", 16 if ALGORITHM else 1))
+ACC = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", 1))
+STEP_S = float(os.environ.get("FAKE_STEP_MS", 2)) / 1000
+PROFILE: dict = {}
+
+
+def trace(folder: str, prefix: str, steps: int) -> None:
+    """Per step: one graph replay (two 3 ms GEMMs) and one eager 1 ms kernel (Triton launch)."""
+    events, corr = [], 0
+    for s in range(steps):
+        corr += 1
+        events.append(_host("cudaGraphLaunch", "cuda_runtime", s, corr))
+        events += [_gpu("gemm", s, corr, 3000.0), _gpu("gemm", s, corr, 3000.0)]
+        corr += 1
+        events += [_host("cuLaunchKernel", "cuda_driver", s, corr), _gpu("tree", s, corr, 1000.0)]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for stage, evs in (("EXTEND", events[:1]), ("DECODE", events)):
+        with gzip.open(Path(folder, f"{prefix}-1.5-TP-0-{stage}.trace.json.gz"), "wt") as f:
+            json.dump({"traceEvents": evs}, f)
+
+
+def _host(name, cat, step, corr):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": 100 * step,
+        "dur": 5,
+        "args": {"correlation": corr},
+    }
+
+
+def _gpu(name, step, corr, dur):
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "ts": 100 * step + 10,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, code: int, body) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/server_info":
+            return self._send(200, {"internal_states": [{"avg_spec_accept_length": ACC}]})
+        self._send(200 if self.path == "/health" else 404, {})
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/flush_cache":
+            return self._send(200, {})
+        if self.path == "/start_profile":
+            PROFILE.update(body)
+            return self._send(200, {})
+        if self.path != "/generate":
+            return self._send(404, {})
+        batch = isinstance(body.get("input_ids", [None])[0], list)
+        prompts = body["input_ids"] if batch else [body.get("input_ids") or body.get("text")]
+        n = body["sampling_params"]["max_new_tokens"]
+        steps = math.ceil((n - 1) / ACC) if ALGORITHM else n - 1
+        time.sleep(STEP_S * steps * math.ceil(len(prompts) / MAX_RUNNING))
+        if stage_file := os.environ.get("SGLANG_DDTREE_STAGE_TIMES"):
+            bs = min(len(prompts), MAX_RUNNING)
+            with open(stage_file, "a") as f:
+                for s in range(steps):
+                    step = {"draft": 1.0 + s % 2, "verify": 2.0}
+                    gpu = {"draft": 0.5, "verify": 10.0 * bs}
+                    f.write(json.dumps({"bs": bs, "width": WIDTH, "host_ms": step, "gpu_ms": gpu}))
+                    f.write("\n")
+        min_bs = int(os.environ.get("SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS", 0))
+        if PROFILE and len(prompts) >= min_bs:
+            trace(PROFILE["output_dir"], PROFILE["profile_prefix"], PROFILE["num_steps"])
+            PROFILE.clear()
+        meta = {"completion_tokens": n, **({"spec_verify_ct": steps} if ALGORITHM else {})}
+        outs = [{"text": "x" * n, "output_ids": [7] * n, "meta_info": meta} for _ in prompts]
+        self._send(200, outs if batch else outs[0])
+
+    def log_message(self, *args):
+        pass
+
+
+if __name__ == "__main__":
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        seen = {k: os.environ[k] for k in ENV_SEEN if k in os.environ}
+        f.write(json.dumps({"argv": argv, "env": seen, "pid": os.getpid()}) + "\n")
+    if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
+        print("RuntimeError: CUDA out of memory", flush=True)
+        sys.exit(3)
+    config = json.loads(Path(flag("--model-path"), "config.json").read_text())
+    MAX_RUNNING = int(flag("--max-running-requests", 48))
+    if config["model_type"] == "qwen3_5_text":
+        print("[fake] Mamba Cache is allocated. max_mamba_cache_size: 7, conv_state size: 0.1GB")
+    cap = int(os.environ.get("FAKE_CAP", MAX_RUNNING))
+    if cap < MAX_RUNNING:
+        print(f"[fake] max_running_requests is capped to {cap} by the mamba state cache")
+        MAX_RUNNING = cap
+    print(
+        f"[fake] max_total_num_tokens=90000, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        f"max_running_requests={MAX_RUNNING}, context_len=4096, available_gpu_mem=12.50 GB",
+        flush=True,
+    )
+    server = http.server.ThreadingHTTPServer((flag("--host"), int(flag("--port"))), Handler)
+    server.serve_forever()

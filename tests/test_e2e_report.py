@@ -1,0 +1,279 @@
+"""The real-scale records, the trace analysis and the report writer, on canned data (CPU only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e import records, scale_report, trace
+
+
+def _rec(algorithm="AR", c=1, budget=None, ms=20.0, **kw):
+    width = {"AR": 1, "NEXTN": 4, "DFLASH": 16}.get(algorithm, (budget or 0) + 1)
+    base = {
+        "shape": "qwen3.6-27b",
+        "algorithm": algorithm,
+        "budget": budget,
+        "variant": "",
+        "tp": 1,
+        "simulated_accept_len": None,
+        "concurrency": c,
+        "width": width,
+        "ms_per_step": ms,
+        "tokens_per_s": 1000.0 * c / ms,
+        "tokens_per_step": 1.0,
+        "max_running_requests": 8,
+        "start_s": 100.0,
+    }
+    return {**base, **kw}
+
+
+# ------------------------------------------------------------------------------------ records
+def test_level_metrics_speculative():
+    metas = [
+        {"completion_tokens": 128, "spec_verify_ct": 40},
+        {"completion_tokens": 128, "spec_verify_ct": 50},
+    ]
+    m = records.level_metrics(metas, 2.0, speculative=True)
+    assert m["ms_per_step"] == pytest.approx(2000 / 50)  # the longest request spans the level
+    assert m["tokens_per_s"] == pytest.approx(256 / 2.0)
+    assert m["tokens_per_step"] == pytest.approx(256 / 90)
+    assert (m["steps"], m["completion_tokens"]) == (50, 256)
+
+
+def test_level_metrics_ar_counts_decode_forwards():
+    m = records.level_metrics([{"completion_tokens": 128}] * 4, 1.27, speculative=False)
+    assert m["ms_per_step"] == pytest.approx(10.0) and m["steps"] == 127
+    assert m["tokens_per_step"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("metas", "wall", "spec", "says"),
+    [
+        ([], 1.0, False, "needs requests"),
+        ([{"completion_tokens": 5}], 0.0, False, "positive wall time"),
+        ([{"completion_tokens": 5, "spec_verify_ct": 0}], 1.0, True, "without spec_verify_ct"),
+        ([{"completion_tokens": 5}], 1.0, True, "without spec_verify_ct"),
+        ([{"completion_tokens": 1}], 1.0, False, "at least 2 output tokens"),
+    ],
+)
+def test_level_metrics_refuses(metas, wall, spec, says):
+    with pytest.raises(records.RecordError, match=says):
+        records.level_metrics(metas, wall, spec)
+
+
+def test_validate():
+    records.validate(_rec("DDTREE", budget=15))
+    for bad, says in (
+        ({k: v for k, v in _rec().items() if k != "tp"}, "lacks \\['tp'\\]"),
+        (_rec("DDTREE", budget=15, width=15), "width must be budget \\+ 1"),
+        (_rec("DFLASH", budget=15, width=16), "budget must be null"),
+        ({**_rec(), "ms_per_step": 0.0}, "ms_per_step=0.0 must be a positive number"),
+    ):
+        with pytest.raises(records.RecordError, match=says):
+            records.validate(bad)
+
+
+def test_merge_replaces_the_same_server_and_level_only():
+    old = [_rec(c=1, ms=10), _rec(c=2, ms=11), _rec("DDTREE", c=1, budget=15, ms=30)]
+    new = [
+        _rec(c=2, ms=99),
+        _rec("DDTREE", c=1, budget=63, ms=40),
+        _rec("DDTREE", c=1, budget=15, ms=31, simulated_accept_len=3.0),
+        _rec(c=1, ms=12, variant="no-overlap"),
+    ]
+    merged = records.merge(old, new)
+    assert len(merged) == 6
+    by = {records.key(r): r["ms_per_step"] for r in merged}
+    assert by[records.key(_rec(c=2))] == 99  # replaced
+    assert by[records.key(_rec(c=1))] == 10  # kept
+    assert by[records.key(_rec("DDTREE", c=1, budget=15))] == 30  # another τ is another server
+    assert merged == records.merge(list(reversed(old)), new)  # sorted, whatever the input order
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = tmp_path / "a" / "r.json"
+    records.save(path, [_rec()])
+    assert records.load(path) == [_rec()] and not list(path.parent.glob("*.tmp"))
+    assert records.load(tmp_path / "missing.json") == []
+    (tmp_path / "bad.json").write_text('{"a": 1}')
+    with pytest.raises(records.RecordError, match="expected a JSON list"):
+        records.load(tmp_path / "bad.json")
+
+
+# ------------------------------------------------------------------------------------ traces
+def _ev(cat, name, corr, dur=None):
+    """A Kineto trace event: a host call (no ``dur``) or a GPU activity of ``dur`` microseconds."""
+    e = {"ph": "X", "cat": cat, "name": name, "args": {"correlation": corr}}
+    return e if dur is None else {**e, "dur": dur}
+
+
+def _events(steps, graph_ms, eager_ms, graph_launch="cudaGraphLaunch"):
+    """Per step: one graph launch (a GEMM of ``graph_ms``), two eager Triton launches of
+    ``eager_ms / 2`` each, a 0.1 ms device-to-host copy, and a flow event."""
+    ev, corr = [], 0
+    for _ in range(steps):
+        corr += 1
+        ev += [
+            _ev("cuda_runtime", graph_launch, corr),
+            _ev("kernel", "gemm", corr, 1000 * graph_ms),
+        ]
+        for name in ("topk", "tree"):
+            corr += 1
+            ev += [
+                _ev("cuda_driver", "cuLaunchKernel", corr),
+                _ev("kernel", name, corr, 500 * eager_ms),
+            ]
+        corr += 1
+        ev += [
+            _ev("cuda_runtime", "cudaMemcpyAsync", corr),
+            _ev("gpu_memcpy", "Memcpy DtoH", corr, 100),
+        ]
+        ev.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr})  # flow events are ignored
+    return ev
+
+
+def test_trace_splits_graph_and_eager_time():
+    s = trace.summarize(_events(4, graph_ms=20.0, eager_ms=2.0), steps=4)
+    assert s["gpu_ms_per_step"] == pytest.approx(22.1)
+    assert s["graph_ms_per_step"] == pytest.approx(20.0)
+    assert s["eager_ms_per_step"] == pytest.approx(2.1)
+    assert (s["graph_launches_per_step"], s["eager_launches_per_step"]) == (1.0, 2.0)
+    assert s["verify_graph_replayed"] is True
+    top = s["top_kernels"]
+    assert [k["name"] for k in top] == ["gemm", "topk", "tree", "Memcpy DtoH"]
+    assert top[0]["in_graph"] == 1.0 and top[1]["in_graph"] == 0.0
+    assert top[0]["share"] == pytest.approx(20.0 / 22.1) and top[1]["calls_per_step"] == 1.0
+    assert "verify replays a CUDA graph: yes" in trace.markdown(s)
+
+
+def test_trace_flags_an_eager_verify():
+    # Graphs only for a small draft, the big verify eager: most GPU time outside graphs.
+    s = trace.summarize(_events(4, graph_ms=2.0, eager_ms=20.0), steps=4)
+    assert s[
+        "verify_graph_replayed"
+    ] is False and "verify replays a CUDA graph: NO" in trace.markdown(s)
+    # No graph launch at all.
+    s = trace.summarize(_events(4, graph_ms=20.0, eager_ms=2.0, graph_launch="cudaLaunchKernel"), 4)
+    assert s["graph_share"] == 0.0 and s["verify_graph_replayed"] is False
+    # Fewer graph launches than steps: not every step replayed.
+    s = trace.summarize(_events(2, graph_ms=20.0, eager_ms=2.0), steps=4)
+    assert s["verify_graph_replayed"] is False
+
+
+def test_trace_cli(tmp_path, capsys):
+    import gzip
+
+    path = tmp_path / "x-TP-0-DECODE.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": _events(3, 20.0, 2.0)}, f)
+    assert trace.main([str(path), "--steps", "3"]) == 0
+    assert "| `gemm` | 20.000 | 1.0 |" in capsys.readouterr().out
+    assert trace.main([str(tmp_path / "nope.json"), "--steps", "3"]) == 2
+    assert trace.main([str(path), "--steps", "0"]) == 2
+
+
+# ------------------------------------------------------------------------------------ report
+CANNED = [
+    _rec("AR", 1, ms=19.8),
+    _rec("AR", 8, ms=25.6),
+    _rec("DFLASH", 1, ms=26.8, tokens_per_step=1.06),
+    _rec("DFLASH", 8, ms=56.8, tokens_per_step=1.06),
+    _rec(
+        "DDTREE",
+        1,
+        budget=63,
+        ms=39.9,
+        max_running_requests=1,
+        capped_log=["max_running_requests is capped to 1 by the mamba state cache"],
+    ),
+    _rec("DDTREE", 8, budget=63, ms=311.0, max_running_requests=1),
+    _rec("DDTREE", 1, budget=15, ms=35.0, simulated_accept_len=4.05, tokens_per_step=4.05),
+    _rec(
+        "NEXTN", 2, ms=47.3, mamba_cache_log=["Mamba Cache is allocated. max_mamba_cache_size: 24"]
+    ),
+    {**_rec("AR", 1, ms=9.0), "shape": "qwen3-8b"},
+]
+
+
+def test_level_tables_on_canned_records():
+    md = scale_report.level_tables([records.validate(r) for r in CANNED])
+    lines = md.splitlines()
+    ms = lines[lines.index("### qwen3.6-27b: ms per step") :]
+    rows = [ln for ln in ms if ln.startswith("| ")][1:6]
+    assert rows == [
+        "| AR | 1 | 8 | 100.0 | 1.00 | 19.8 | - | 25.6 |",
+        "| NEXTN | 4 | 8 | 100.0 | 1.00 | - | 47.3 | - |",
+        "| DFLASH | 16 | 8 | 100.0 | 1.06 | 26.8 | - | 56.8 |",
+        "| DDTREE(15) [τ 4.05 sim.] | 16 | 8 | 100.0 | 4.05 | 35.0 | - | - |",
+        "| DDTREE(63) | 64 | 1 | 100.0 | 1.00 | 39.9 | - | 311.0 |",
+    ]
+    tps = lines[lines.index("### qwen3.6-27b: output tokens/s") :]
+    assert "| AR | 1 | 8 | 100.0 | 1.00 | 51 | - | 312 |" in tps
+    assert "### qwen3-8b: ms per step" in lines
+    assert "| AR | 1 | 8 | 100.0 | 1.00 | 9.0 |" in lines
+
+
+def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    records.save(run1 / "scale.json", CANNED[:4])
+    records.save(run2 / "scale.json", [*CANNED[4:], _rec("AR", 8, ms=24.0)])
+    (run2 / "stages").mkdir()
+    (run2 / "stages" / "x_ddtree_b15.json").write_text(
+        json.dumps(
+            {
+                "server_slug": "x_ddtree_b15",
+                "by_bs": {
+                    "8": {
+                        "steps": 120,
+                        "width": 16,
+                        "host_ms": {"draft": 1.5, "verify": 2.0},
+                        "gpu_ms": {"draft": 3.0, "verify": 30.0},
+                    },
+                    "1": {
+                        "steps": 130,
+                        "width": 16,
+                        "host_ms": {"draft": 1.0, "verify": 1.0},
+                        "gpu_ms": {"draft": 2.0, "verify": 20.0},
+                    },
+                },
+            }
+        )
+    )
+    (run2 / "profiles").mkdir()
+    prof = trace.summarize(_events(5, 20.0, 2.0), 5)
+    (run2 / "profiles" / "x-C8.json").write_text(
+        json.dumps({**prof, "server": "x", "concurrency": 8})
+    )
+    results = tmp_path / "res" / "scale_h200.json"
+
+    assert scale_report.main([str(results), str(run1), str(run2)]) == 0
+    merged = records.load(results)
+    assert len(merged) == len(CANNED)  # run2's AR C=8 replaced run1's
+    assert (
+        next(r for r in merged if r["algorithm"] == "AR" and r["concurrency"] == 8)["ms_per_step"]
+        == 24.0
+    )
+    md = results.with_suffix(".md").read_text()
+    assert "| AR | 1 | 8 | 100.0 | 1.00 | 19.8 | - | 24.0 |" in md
+    assert "max_running_requests is capped to 1" in md and "Mamba Cache is allocated" in md
+    assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 |" in md  # bs sorted numerically
+    assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 |" in md
+    assert "x at C = 8: 22.10 GPU ms per step" in md
+    png = results.with_suffix(".png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (results.with_suffix("") / "stages" / "x_ddtree_b15.json").exists()
+
+    # Re-running with no new run rewrites the report from the merged file alone.
+    results.with_suffix(".md").unlink()
+    assert scale_report.main([str(results)]) == 0
+    assert "DDTREE(63)" in results.with_suffix(".md").read_text()
+
+
+def test_report_cli_refuses_bad_input(tmp_path, capsys):
+    assert scale_report.main([str(tmp_path / "r.txt")]) == 2
+    assert scale_report.main([str(tmp_path / "r.json"), str(tmp_path / "no-run")]) == 2
+    assert scale_report.main([str(tmp_path / "r.json")]) == 2  # nothing to report
+    err = capsys.readouterr().err
+    assert "must end in .json" in err and "no scale.json in" in err and "holds no records" in err

@@ -1,0 +1,396 @@
+"""``python -m e2e.scale``: server specs, the server flags it builds, and whole runs against a fake SGLang.
+
+The fake (``tests/e2e_fake_sglang.py``, started through the harness's ``--launcher``) prints the log
+lines a real server prints, answers batched ``/generate`` with SGLang's counts after a sleep per
+step, writes a profiler trace and DDTREE stage times, and records the argv and environment each
+server got. SGLang's own argument parser checks the flags the harness builds for every shape and
+algorithm (as ``tests/test_server_configs.py`` does for the configs themselves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e import kit, records, scale
+from e2e.shapes import SHAPES
+
+FAKE = Path(__file__).with_name("e2e_fake_sglang.py")
+KIT_FLAGS = (
+    "--attention-backend triton --sampling-backend pytorch --disable-cuda-graph "
+    "--grammar-backend none --mem-fraction-static 0.3 --skip-server-warmup"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------ specs
+@pytest.mark.parametrize(
+    ("text", "budget", "acc", "tp", "flags", "profile"),
+    [
+        ("qwen3.6-27b:ar", None, None, None, (), None),
+        ("qwen3.6-27b:ddtree:b=15", 15, None, None, (), None),
+        ("qwen3.5-4b:nextn:acc=3.1:tp=2", None, 3.1, 2, (), None),
+        (
+            "qwen3-8b:ddtree:stages:b=63:no-overlap:profile=8",
+            63,
+            None,
+            None,
+            ("no-overlap", "stages"),
+            8,
+        ),
+        ("qwen3.6-27b:ddtree:b=255", 255, None, None, (), None),
+        ("qwen3-8b:ddtree:b=1023", 1023, None, None, (), None),
+    ],
+)
+def test_parse_spec(text, budget, acc, tp, flags, profile):
+    spec = scale.parse_spec(text)
+    assert (spec.budget, spec.acc, spec.tp, spec.flags, spec.profile) == (
+        budget,
+        acc,
+        tp,
+        flags,
+        profile,
+    )
+    assert spec.shape is SHAPES[text.split(":")[0]]
+    assert spec.algorithm == text.split(":")[1].upper()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("qwen3.6-70b:ar", "unknown shape 'qwen3.6-70b'; valid: qwen3.6-27b"),
+        ("qwen3.6-27b", "algorithm '' is not one of ar, nextn, dflash, ddtree"),
+        ("qwen3.6-27b:eagle", "algorithm 'eagle' is not one of"),
+        ("qwen3-8b:nextn", "qwen3-8b has no MTP layer"),
+        ("qwen3.6-27b:ddtree", "ddtree needs b=BUDGET"),
+        ("qwen3.6-27b:ddtree:b=0", "b='0' must be a int >= 1"),
+        ("qwen3.6-27b:ddtree:b=x", "b='x' must be a int >= 1"),
+        ("qwen3.6-27b:ddtree:b=256", "b=256 is too large; valid: 1..255"),
+        ("qwen3-8b:ddtree:b=1024", "b=1024 is too large; valid: 1..1023"),
+        ("qwen3.6-27b:dflash:b=15", "b= applies to ddtree only"),
+        ("qwen3.6-27b:ar:acc=3", "acc= applies to speculative servers"),
+        ("qwen3.6-27b:dflash:acc=0.5", "acc='0.5' must be a float >= 1"),
+        ("qwen3.6-27b:dflash:acc=nan", "acc='nan' must be a float >= 1"),
+        ("qwen3.6-27b:dflash:stages", "stages applies to ddtree only"),
+        ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
+        ("qwen3.6-27b:dflash:overlap", "bad option 'overlap'"),
+        ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
+    ],
+)
+def test_parse_spec_refuses(text, says):
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        scale.parse_spec(text)
+    assert says in str(e.value) and repr(text) in str(e.value)
+
+
+def test_cli_refuses_bad_input_before_anything_runs(tmp_path, capsys):
+    for argv in (
+        ["--servers", "qwen3.6-27b:ddtree", "--out", str(tmp_path)],
+        ["--servers", "qwen3.6-27b:ar", "--out", str(tmp_path), "--levels", "1,0"],
+        ["--servers", "qwen3.6-27b:ar", "--out", str(tmp_path), "--time-budget", "-5"],
+        ["--servers", "qwen3.6-27b:ar", "--out", str(tmp_path), "--server-arg", "--tp-size=2"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            scale.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "error:" in err
+    assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------ server flags
+SPECS = [
+    f"{shape}:{alg}"
+    for shape in SHAPES
+    for alg in ("ar", "nextn", "dflash", "ddtree:b=15", "ddtree:b=63:acc=4:stages:no-overlap")
+    if alg != "nextn" or SHAPES[shape].has_mtp
+]
+
+
+@pytest.mark.parametrize("text", SPECS)
+def test_server_config_in_the_kit(text, tmp_path, monkeypatch, sglang_parse):
+    """Config args < kit flags < the dummy-weight layer < the spec's options; SGLang parses it."""
+    monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
+    monkeypatch.setenv("SGLANG_KIT_SPEC_FLAGS", "--speculative-draft-attention-backend triton")
+    spec = scale.parse_spec(text)
+    ns = argparse.Namespace(graph_bs=32, max_running_requests=32, server_arg=[("tp-size", "1")])
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    cfg = scale.server_config(spec, target, drafter, ns, tmp_path)
+    a = cfg.args
+    base = kit.config_for(spec.shape.config_prefix, spec.algorithm)
+    assert cfg.name == base.name
+    assert a["model-path"] == str(target)
+    assert ("speculative-draft-model-path" in a) == (spec.algorithm in ("DFLASH", "DDTREE"))
+    if spec.algorithm in ("DFLASH", "DDTREE"):
+        assert a["speculative-draft-model-path"] == str(drafter)
+    assert a["load-format"] == "dummy" and a["skip-tokenizer-init"] is True
+    assert a["mem-fraction-static"] == 0.8 and a["context-length"] == 4096
+    assert a["disable-cuda-graph"] is False and a["cuda-graph-max-bs-decode"] == 32
+    assert a["attention-backend"] == "triton"  # the kit's, over the config's fa3
+    assert a["tp-size"] == "1"  # --server-arg has the last word
+    if spec.algorithm == "DDTREE":
+        assert a["speculative-num-draft-tokens"] == spec.budget + 1
+        assert a["speculative-dflash-block-size"] == 16
+    assert ("speculative-draft-attention-backend" in a) == spec.speculative
+    assert a.get("disable-overlap-schedule", False) == (
+        "no-overlap" in spec.flags or base.args.get("disable-overlap-schedule", False)
+    )
+    env = cfg.env
+    assert env.get("SGLANG_SIMULATE_ACC_LEN") == (None if spec.acc is None else f"{spec.acc:g}")
+    assert ("SGLANG_DDTREE_STAGE_TIMES" in env) == ("stages" in spec.flags)
+
+    cmd = kit.Server(cfg, tmp_path / "log", launcher="python -m sglang.launch_server").cmd
+    assert "--disable-cuda-graph" not in cmd
+    sa = sglang_parse(cmd[3:])
+    assert sa.load_format == "dummy" and sa.skip_tokenizer_init
+    assert sa.disable_prefill_cuda_graph and not sa.disable_cuda_graph
+    assert sa.cuda_graph_max_bs_decode == 32 and sa.max_running_requests == 32
+    assert sa.context_length == 4096 and sa.mem_fraction_static == pytest.approx(0.8)
+    assert sa.speculative_algorithm == (None if spec.algorithm == "AR" else spec.algorithm)
+    if spec.algorithm == "DDTREE":
+        assert sa.speculative_num_draft_tokens == spec.budget + 1
+
+
+def test_server_config_outside_the_kit_keeps_the_config_backend(tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_KIT_FLAGS", raising=False)
+    ns = argparse.Namespace(graph_bs=0, max_running_requests=8, server_arg=None)
+    cfg = scale.server_config(
+        scale.parse_spec("qwen3.6-27b:dflash"), tmp_path, tmp_path, ns, tmp_path
+    )
+    assert cfg.args["attention-backend"] == "fa3"
+    assert cfg.args["disable-cuda-graph"] is True and "cuda-graph-max-bs-decode" not in cfg.args
+    assert "sampling-backend" not in cfg.args
+
+
+def test_server_arg_empty_value_drops_a_flag(tmp_path):
+    ns = argparse.Namespace(
+        graph_bs=8,
+        max_running_requests=8,
+        server_arg=[scale._server_arg("disable-overlap-schedule=")],
+    )
+    cfg = scale.server_config(
+        scale.parse_spec("qwen3-8b:ddtree:b=15"), tmp_path, tmp_path, ns, tmp_path
+    )
+    assert "--disable-overlap-schedule" not in cfg.argv()
+    assert "--page-size" in cfg.argv()
+
+
+# ------------------------------------------------------------------------------------ whole runs
+def _run(tmp_path, monkeypatch, servers, *extra, out="out", **env):
+    monkeypatch.delenv("SGLANG_KIT_FLAGS", raising=False)
+    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(v))
+    argv = [
+        "--servers",
+        *servers,
+        "--out",
+        str(tmp_path / out),
+        "--levels",
+        "1,2,4",
+        "--new-tokens",
+        "13",
+        "--prompt-len",
+        "8",
+        "--time-budget",
+        "120",
+        "--start-estimate",
+        "1",
+        "--first-level-estimate",
+        "1",
+        "--reserve",
+        "1",
+        "--models-dir",
+        str(tmp_path / "models"),
+        "--port",
+        str(_free_port()),
+        "--launcher",
+        f"{{python}} {FAKE}",
+        *extra,
+    ]
+    rc = scale.main(argv)
+    calls = tmp_path / "calls.jsonl"
+    started = [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+    run_log = json.loads((tmp_path / out / "run.json").read_text())
+    return rc, records.load(tmp_path / out / "scale.json"), started, run_log
+
+
+def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
+    rc, recs, started, log = _run(
+        tmp_path,
+        monkeypatch,
+        ["qwen3.6-27b:ar", "qwen3.6-27b:ddtree:b=15:acc=3:stages:profile=2"],
+        "--profile-steps",
+        "3",
+    )
+    assert rc == 0 and [s["status"] for s in log["servers"]] == ["finished", "finished"]
+    assert len(started) == 2
+    ar_argv, dd_argv = (c["argv"] for c in started)
+    assert ar_argv[ar_argv.index("--model-path") + 1] == str(tmp_path / "models/qwen3.6-27b/target")
+    assert dd_argv[dd_argv.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert started[1]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
+    assert started[1]["env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert "SGLANG_SIMULATE_ACC_LEN" not in started[0]["env"]
+
+    assert [(r["algorithm"], r["concurrency"]) for r in recs] == [
+        ("AR", 1),
+        ("AR", 2),
+        ("AR", 4),
+        ("DDTREE", 1),
+        ("DDTREE", 2),
+        ("DDTREE", 4),
+    ]
+    for r in recs:
+        assert set(records.REQUIRED) <= set(r)
+        assert r["max_running_requests"] == 32 and r["tp"] == 1
+        assert r["mamba_cache_log"] == [
+            "Mamba Cache is allocated. max_mamba_cache_size: 7, conv_state size: 0.1GB"
+        ]
+        assert r["ms_per_step"] == pytest.approx(1000 * r["wall_s"] / r["steps"])
+        assert r["tokens_per_s"] == pytest.approx(13 * r["concurrency"] / r["wall_s"])
+        assert r["start_s"] > 0 and r["requests"] == r["concurrency"]
+    ar, dd = recs[0], recs[3]
+    assert (ar["width"], ar["budget"], ar["steps"], ar["tokens_per_step"]) == (1, None, 12, 1.0)
+    assert ar["simulated_accept_len"] is None
+    # 13 tokens: the prefill's + 12 more in ceil(12 / 3) = 4 verify steps of 3 tokens
+    assert (dd["width"], dd["budget"], dd["steps"]) == (16, 15, 4)
+    assert dd["tokens_per_step"] == pytest.approx(13 / 4) and dd["simulated_accept_len"] == 3.0
+    assert dd["variant"] == "stages"
+    # the fake sleeps 2 ms per step: ms/step is the step time, not wall / tokens
+    assert 2.0 <= dd["ms_per_step"] < 40
+
+    stages = json.loads(
+        (tmp_path / "out/stages/qwen3.6-27b_ddtree_b15_acc3_stages.json").read_text()
+    )
+    assert stages["by_bs"]["2"]["gpu_ms"] == {"draft": 0.5, "verify": 20.0}
+    # bs 4: the warmup's 3 steps (8 tokens) and the level's 4; the fake's draft host ms alternate
+    # 1, 2, 1 | 1, 2, 1, 2: median 1 (a mean would say 1.43)
+    assert stages["by_bs"]["4"]["steps"] == 7 and stages["by_bs"]["4"]["host_ms"]["draft"] == 1.0
+    # bs 2: the level's 4 steps and the profiled run's 4
+    assert stages["by_bs"]["2"]["steps"] == 8 and stages["by_bs"]["2"]["host_ms"]["draft"] == 1.5
+    prof = json.loads(
+        (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2.json").read_text()
+    )
+    assert prof["verify_graph_replayed"] is True and prof["steps"] == 3
+    assert prof["gpu_ms_per_step"] == pytest.approx(7.0)
+    assert not list((tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2").iterdir())
+    assert log["servers"][1]["profile"] == {"status": "ok", "verify_graph_replayed": True}
+
+
+def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
+    _run(tmp_path, monkeypatch, ["qwen3-8b:ar"], out="first")
+    rc, recs, started, log = _run(
+        tmp_path,
+        monkeypatch,
+        ["qwen3-8b:ar", "qwen3-8b:dflash"],
+        "--resume",
+        str(tmp_path / "first/scale.json"),
+        out="second",
+    )
+    assert rc == 0 and len(started) == 2  # the first call's server, then only DFLASH now
+    assert log["servers"][0]["status"] == "done earlier"
+    assert {r["algorithm"] for r in recs} == {"DFLASH"}
+    assert started[1]["argv"][started[1]["argv"].index("--speculative-algorithm") + 1] == "DFLASH"
+
+
+def test_time_budget_skips_what_cannot_finish(tmp_path, monkeypatch):
+    rc, recs, started, log = _run(
+        tmp_path, monkeypatch, ["qwen3-8b:ar"], "--time-budget", "30", "--start-estimate", "40"
+    )
+    assert rc == 0 and recs == [] and started == []
+    assert log["servers"][0]["status"].startswith("skipped:")
+    assert [s["concurrency"] for s in log["servers"][0]["skipped_levels"]] == [1, 2, 4]
+
+
+def test_capped_server_skips_levels_needing_too_many_rounds(tmp_path, monkeypatch):
+    rc, recs, _, log = _run(
+        tmp_path, monkeypatch, ["qwen3.6-27b:ddtree:b=63"], "--max-waves", "2", FAKE_CAP=1
+    )
+    assert rc == 0 and [r["concurrency"] for r in recs] == [1, 2]
+    assert all(r["max_running_requests"] == 1 for r in recs)
+    assert recs[0]["capped_log"] == ["max_running_requests is capped to 1 by the mamba state cache"]
+    (skip,) = log["servers"][0]["skipped_levels"]
+    assert skip["concurrency"] == 4 and "max_running_requests 1 < C = 4" in skip["why"]
+    # C = 2 ran one request after the other: twice the wall time of C = 1 per longest request
+    assert recs[1]["ms_per_step"] == pytest.approx(2 * recs[0]["ms_per_step"], rel=0.5)
+
+
+def test_a_failed_server_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    rc, recs, started, log = _run(
+        tmp_path, monkeypatch, ["qwen3-8b:ar", "qwen3-8b:dflash"], FAKE_CRASH="AR"
+    )
+    assert rc == 1 and len(started) == 2
+    assert log["servers"][0]["status"].startswith(
+        "failed: ServerFailed: qwen3-8b-ar exited with code 3"
+    )
+    assert "RuntimeError: CUDA out of memory" in log["servers"][0]["log_tail"]
+    assert {r["algorithm"] for r in recs} == {"DFLASH"}
+    assert "CUDA out of memory" in capsys.readouterr().out
+
+
+def test_busy_port_is_refused(tmp_path, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        rc, recs, started, log = _run(tmp_path, monkeypatch, ["qwen3-8b:ar"], "--port", str(port))
+    assert rc == 1 and started == [] and recs == []
+    assert f"port {port} is already in use" in log["servers"][0]["status"]
+
+
+def test_python_m_entry_point(tmp_path):
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "e2e.scale", "--servers", "qwen3-8b:bogus", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.returncode == 2 and "algorithm 'bogus' is not one of" in out.stderr
+
+
+def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatch):
+    """A device call's time limit (``timeout`` sends SIGTERM) must not leave a server running."""
+    import os
+    import signal
+    import threading
+    import time
+
+    out = tmp_path / "out"
+    running = threading.Event()
+    running.set()
+
+    def terminate_during_the_second_level():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "scale.json").exists():
+            time.sleep(0.05)
+        if running.is_set():  # C = 1 is written; C = 2 takes 12 x 150 ms
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    watcher = threading.Thread(target=terminate_during_the_second_level)
+    watcher.start()
+    try:
+        rc, recs, started, log = _run(
+            tmp_path, monkeypatch, ["qwen3-8b:ar"], "--levels", "1,2", FAKE_STEP_MS=150
+        )
+    finally:
+        running.clear()
+        watcher.join()
+    assert rc == 130 and log["interrupted"] is True
+    assert [r["concurrency"] for r in recs] == [1]
+    (call,) = started
+    with pytest.raises(ProcessLookupError):
+        os.kill(call["pid"], 0)
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back

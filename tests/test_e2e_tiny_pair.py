@@ -1,0 +1,157 @@
+"""``python -m e2e.tiny_pair`` after its move to e2e/: same server flags as before, from server_configs/.
+
+The flags each server name got when they were hard-coded in ``tools/gpu_e2e.py`` are written out
+below; the harness now builds them from ``server_configs/tiny-pair/*.yaml`` plus the kit's flags and
+must produce exactly those. SGLang's parser accepts them, and a whole run against the fake SGLang of
+``tests/e2e_fake_sglang.py`` writes ``e2e.json`` and the summary table.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from e2e import kit, tiny_pair
+
+REPO = Path(__file__).resolve().parents[1]
+PAIR = REPO / "sglang_spec" / "fixtures" / "tiny-pair"
+FAKE = Path(__file__).with_name("e2e_fake_sglang.py")
+KIT = {
+    "SGLANG_KIT_FLAGS": "--attention-backend triton --sampling-backend pytorch --disable-cuda-graph "
+    "--grammar-backend none --mem-fraction-static 0.3 --skip-server-warmup",
+    "SGLANG_KIT_SPEC_FLAGS": "--speculative-draft-attention-backend triton",
+}
+# tools/gpu_e2e.py's server_flags() before the move (kit flags + these), for drafter D, block 16.
+OLD_SPEC_FLAGS = {
+    "ar": "",
+    "nextn": "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 4 --mamba-radix-cache-strategy extra_buffer",
+    "dflash": "--speculative-algorithm DFLASH --speculative-draft-model-path D "
+    "--speculative-num-draft-tokens 16",
+    "ddtree64": "--speculative-algorithm DDTREE --speculative-draft-model-path D "
+    "--speculative-num-draft-tokens 65 --speculative-dflash-block-size 16",
+    "ddtree4": "--speculative-algorithm DDTREE --speculative-draft-model-path D "
+    "--speculative-num-draft-tokens 5 --speculative-dflash-block-size 16",
+}
+
+
+def _old_flags(name: str, graph_bs: int) -> dict:
+    kit_flags = KIT["SGLANG_KIT_FLAGS"].split()
+    if graph_bs:
+        kit_flags = [f for f in kit_flags if f != "--disable-cuda-graph"]
+        kit_flags += ["--cuda-graph-max-bs-decode", str(graph_bs)]
+    spec = KIT["SGLANG_KIT_SPEC_FLAGS"].split() if name != "ar" else []
+    return kit.parse_flags(kit_flags + spec + OLD_SPEC_FLAGS[name].split())
+
+
+@pytest.mark.parametrize("name", list(OLD_SPEC_FLAGS))
+@pytest.mark.parametrize("graphs", [False, True])
+def test_flags_are_the_hard_coded_ones_of_before(name, graphs, monkeypatch):
+    for k, v in KIT.items():
+        monkeypatch.setenv(k, v)
+    spec = name + ("+graphs" if graphs else "")
+    cfg = tiny_pair.server_config(spec, "T", "D", block=16, graph_bs=8)
+    cmd = kit.Server(cfg, "/dev/null", port=30000).cmd
+    got = kit.parse_flags(cmd[cmd.index("--model-path") :])
+    assert got.pop("model-path") == "T"
+    assert (got.pop("host"), got.pop("port")) == ("127.0.0.1", "30000")
+    assert {k: v for k, v in got.items()} == {
+        k: v for k, v in _old_flags(name, 8 if graphs else 0).items()
+    }
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "server_configs" / "tiny-pair").glob("*.yaml")))
+def test_tiny_pair_configs_parse_with_sglang(path, monkeypatch, sglang_parse):
+
+    monkeypatch.chdir(REPO)  # the configs' model paths are relative to the repository root
+    cfg = tiny_pair.server_config(
+        {"ar": "ar", "nextn": "nextn", "dflash": "dflash", "ddtree": "ddtree16"}[path.stem]
+        + "+graphs",
+        str(PAIR / "hybrid"),
+        str(PAIR / "hybrid-dflash"),
+        block=16,
+        graph_bs=8,
+    )
+    assert cfg.path == path
+    sa = sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:])
+    assert sa.speculative_algorithm == (None if path.stem == "ar" else path.stem.upper())
+    assert sa.cuda_graph_max_bs_decode == 8
+
+
+@pytest.mark.parametrize("bad", ["eagle", "ddtree", "ddtree0", "ddtree16+fast", "AR", ""])
+def test_unknown_server_names_are_refused(bad):
+    with pytest.raises(kit.HarnessError, match="valid: ar, nextn, dflash, ddtree<budget>"):
+        tiny_pair.parse_server(bad)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _main(tmp_path, monkeypatch, servers, **env):
+    for k in KIT:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return tiny_pair.main(
+        [
+            "--out",
+            str(tmp_path / "out"),
+            "--target",
+            str(PAIR / "hybrid"),
+            "--drafter",
+            str(PAIR / "hybrid-dflash"),
+            "--prompts",
+            str(PAIR / "heldout_prompts.jsonl"),
+            "--servers",
+            servers,
+            "--num-prompts",
+            "2",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "5",
+            "--port",
+            str(_free_port()),
+            "--launcher",
+            f"{{python}} {FAKE}",
+        ]
+    )
+
+
+def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
+    assert _main(tmp_path, monkeypatch, "ar,ddtree16+graphs") == 0
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["label"] for r in results] == ["ar", "ddtree16+graphs"]
+    assert all(r["ok"] for r in results)
+    dd = results[1]
+    assert [g["meta"]["spec_verify_ct"] for g in dd["greedy"]] == [4, 4]
+    assert (
+        "--speculative-num-draft-tokens 17" in dd["cmd"]
+        and "--cuda-graph-max-bs-decode 8" in dd["cmd"]
+    )
+    out = capsys.readouterr().out
+    assert "| ddtree16+graphs | yes | yes | 1.25 |" in out
+    assert not list((tmp_path / "out").glob("server_*.log"))  # successful servers drop their log
+
+
+def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, capsys):
+    assert _main(tmp_path, monkeypatch, "ar,dflash", FAKE_CRASH="DFLASH") == 1
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["ok"] for r in results] == [True, False]
+    assert "exited with code 3" in results[1]["error"]
+    out = capsys.readouterr().out
+    assert "| dflash | FAILED |" in out and "CUDA out of memory" in out
+    assert (tmp_path / "out" / "server_dflash.log").exists()
+
+
+def test_cli_refuses_bad_input_before_anything_runs(tmp_path, monkeypatch, capsys):
+    assert _main(tmp_path, monkeypatch, "ar,ddtree16+fast") == 2
+    assert "unknown server 'ddtree16+fast'" in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "out").exists()
