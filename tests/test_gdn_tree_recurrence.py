@@ -13,7 +13,7 @@
 The Triton kernels run under ``TRITON_INTERPRET=1`` in a child process (Triton reads the variable at
 import) against the torch core to 1e-5: a padded GQA tree, a 21-deep chain (path rows longer than the
 kernel's 16-slot chunk), value tiles narrower than and not dividing ``V``, ``K`` not a power of two,
-strided q/k/v views of one projection, a wider-than-needed path table; and the path replay.
+strided k/v views of one projection (q contiguous), a wider-than-needed path table; and the path replay.
 """
 
 from __future__ import annotations
@@ -299,17 +299,18 @@ TRITON_CHILD = textwrap.dedent(
             want_s = _replay_path_state_torch(k, v, g, beta, path, s0)
             worst = max(worst, close(replay_path_state_triton(k, v, g, beta, path, s0, block_v=bv), want_s, name))
 
-    # strided q/k/v: views of one [bs, n, (2 hk dk + hv dv)] projection, as SGLang splits mixed_qkv
+    # strided k/v: views of one [bs, n, (2 hk dk + hv dv)] projection, as SGLang splits mixed_qkv;
+    # q contiguous, so that q and k have different strides
     parents = torch.tensor([random_parents(gen, 17, 15, 0.1) for _ in range(3)])
     bs, n = parents.shape
     hk, hv, dk, dv = 2, 4, 16, 8
     q, k, v, g, beta, s0 = recurrence_inputs(gen, bs, n, hk, hv, dk, dv)
     mixed = torch.cat([x.flatten(2) for x in (q, k, v)], dim=-1)
-    q, k, v = (
+    _, k, v = (
         x.view(bs, n, -1, d)
         for x, d in zip(torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1), (dk, dk, dv))
     )
-    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    assert not (k.is_contiguous() or v.is_contiguous()) and q.stride() != k.stride()
     paths = tree_paths(parents)
     got = tree_gated_delta_rule_triton(q, k, v, g, beta, paths, s0.transpose(-1, -2).contiguous().transpose(-1, -2))
     worst = max(worst, close(got, _tree_gated_delta_rule_torch(q, k, v, g, beta, paths, s0), "strided"))
