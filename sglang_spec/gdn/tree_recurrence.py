@@ -214,9 +214,12 @@ def replay_path_state(
         raise ValueError(f"path must be on {k.device}; got {path.device}")
     path = path.long()
     padding = path < 0
-    if ((path >= n) | (path < -1)).any() or (padding[:, :-1] & ~padding[:, 1:]).any():
+    bad = ((path >= n) | (path < -1)).any(1) | (padding[:, :-1] & ~padding[:, 1:]).any(1)
+    if bad.any():
+        b = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"path entries must be node indices in [0, {n}) followed only by -1 padding; got {path.tolist()}"
+            f"path entries must be node indices in [0, {n}) followed only by -1 padding; "
+            f"row {b} is {path[b].tolist()}"
         )
     if k.is_cuda:
         from .triton_tree_recurrence import replay_path_state_triton
