@@ -26,6 +26,36 @@ from .tree_recurrence import _check_inputs
 
 
 @triton.jit
+def _program_state_tile(
+    s0_ptr,
+    ss_b,
+    ss_h,
+    ss_k,
+    ss_v,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """This program's (request, value head, key/value offsets and masks) and its float32
+    ``[BK, BV]`` tile of the initial state (grid: value tiles x requests*heads)."""
+    i_bh = tl.program_id(1)
+    b = i_bh // HV
+    hv = i_bh % HV
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
+    ok_k = offs_k < DK
+    ok_v = offs_v < DV
+    tile = tl.load(
+        s0_ptr + b * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
+        mask=ok_k[:, None] & ok_v[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    return b, hv, offs_k, offs_v, ok_k, ok_v, tile
+
+
+@triton.jit
 def _tree_kernel(
     q_ptr,
     k_ptr,
@@ -36,9 +66,6 @@ def _tree_kernel(
     s0_ptr,
     u_ptr,
     o_ptr,
-    sq_b,
-    sq_n,
-    sq_h,
     sk_b,
     sk_n,
     sk_h,
@@ -55,6 +82,9 @@ def _tree_kernel(
     ss_h,
     ss_k,
     ss_v,
+    sq_b,
+    sq_n,
+    sq_h,
     N,
     W,
     HV: tl.constexpr,
@@ -65,20 +95,10 @@ def _tree_kernel(
     BV: tl.constexpr,
     BT: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
+    b, hv, offs_k, offs_v, ok_k, ok_v, s0 = _program_state_tile(
+        s0_ptr, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
+    )
     hk = hv // GRP
-    offs_k = tl.arange(0, BK)
-    offs_v = i_v * BV + tl.arange(0, BV)
-    ok_k = offs_k < DK
-    ok_v = offs_v < DV
-    s0 = tl.load(
-        s0_ptr + b * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
-        mask=ok_k[:, None] & ok_v[None, :],
-        other=0.0,
-    ).to(tl.float32)
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
     g_base = g_ptr + b * sg_b + hv * sg_h
@@ -164,21 +184,10 @@ def _replay_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
+    b, hv, offs_k, offs_v, ok_k, ok_v, state = _program_state_tile(
+        s0_ptr, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
+    )
     hk = hv // GRP
-    offs_k = tl.arange(0, BK)
-    offs_v = i_v * BV + tl.arange(0, BV)
-    ok_k = offs_k < DK
-    ok_v = offs_v < DV
-    tile = ok_k[:, None] & ok_v[None, :]
-    state = tl.load(
-        s0_ptr + b * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
-        mask=tile,
-        other=0.0,
-    ).to(tl.float32)
     for t in range(D):
         node = tl.load(path_ptr + b * D + t)
         real = node >= 0
@@ -199,7 +208,7 @@ def _replay_kernel(
     tl.store(
         out_ptr + b * HV * DK * DV + hv * DK * DV + offs_k[:, None] * DV + offs_v[None, :],
         state,
-        mask=tile,
+        mask=ok_k[:, None] & ok_v[None, :],
     )
 
 
@@ -217,6 +226,23 @@ def _block_v(dv: int, programs_per_tile: int, block_v: int | None) -> int:
     return 16 if bv == 32 and programs_per_tile * triton.cdiv(dv, bv) < 512 else bv
 
 
+def _shared_launch_args(k, v, g, beta, initial_state, block_v: int | None):
+    """The grid (value tiles, requests x value heads), the k / v / g / beta / state strides and the
+    constexprs both kernels take."""
+    bs, _, hk, dk = k.shape
+    hv, dv = v.shape[2:]
+    bv = _block_v(dv, bs * hv, block_v)
+    strides = (
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *g.stride(),
+        *beta.stride(),
+        *initial_state.stride(),
+    )
+    consts = dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
+    return (triton.cdiv(dv, bv), bs * hv), strides, consts
+
+
 def tree_gated_delta_rule_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -232,18 +258,17 @@ def tree_gated_delta_rule_triton(
     ``q, k, v`` may be strided views (e.g. split from one projection) with a contiguous last dim.
     ``block_v`` overrides the value tile width (a power of two).
     """
-    _, grp = _check_inputs(q, k, v, g, beta, initial_state, n_name="N")
-    bs, n, _, dk = k.shape
-    hv, dv = v.shape[2:]
+    _check_inputs(q, k, v, g, beta, initial_state)
+    bs, n = k.shape[:2]
     if paths.dim() != 3 or paths.shape[:2] != (bs, n):
         raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")
     paths = paths.to(torch.int32).contiguous()
     q, k, v = _last_dim_contiguous(q, k, v)
-    u = torch.empty(bs, n, hv, dv, dtype=torch.float32, device=k.device)
+    u = torch.empty(*v.shape, dtype=torch.float32, device=k.device)
     o = torch.empty_like(u)
     width = paths.shape[2]
-    bv = _block_v(dv, bs * hv, block_v)
-    _tree_kernel[(triton.cdiv(dv, bv), bs * hv)](
+    grid, strides, consts = _shared_launch_args(k, v, g, beta, initial_state, block_v)
+    _tree_kernel[grid](
         q,
         k,
         v,
@@ -253,21 +278,12 @@ def tree_gated_delta_rule_triton(
         initial_state,
         u,
         o,
+        *strides,
         *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *g.stride(),
-        *beta.stride(),
-        *initial_state.stride(),
         n,
         width,
-        HV=hv,
-        GRP=grp,
-        DK=dk,
-        DV=dv,
-        BK=triton.next_power_of_2(dk),
-        BV=bv,
         BT=min(16, triton.next_power_of_2(width)),
+        **consts,
     )
     return o
 
@@ -282,34 +298,13 @@ def replay_path_state_triton(
     block_v: int | None = None,
 ) -> torch.Tensor:
     """``replay_path_state`` without validating ``path`` ``[bs, D]`` (``-1`` = identity step)."""
-    _, grp = _check_inputs(None, k, v, g, beta, initial_state, n_name="N")
+    _check_inputs(None, k, v, g, beta, initial_state)
     bs, _, _, dk = k.shape
-    hv, dv = v.shape[2:]
     if path.dim() != 2 or path.shape[0] != bs:
         raise ValueError(f"path must be [bs={bs}, D]; got {tuple(path.shape)}")
     path = path.to(torch.int32).contiguous()
     k, v = _last_dim_contiguous(k, v)
-    out = torch.empty(bs, hv, dk, dv, dtype=torch.float32, device=k.device)
-    bv = _block_v(dv, bs * hv, block_v)
-    _replay_kernel[(triton.cdiv(dv, bv), bs * hv)](
-        k,
-        v,
-        g,
-        beta,
-        path,
-        initial_state,
-        out,
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *g.stride(),
-        *beta.stride(),
-        *initial_state.stride(),
-        path.shape[1],
-        HV=hv,
-        GRP=grp,
-        DK=dk,
-        DV=dv,
-        BK=triton.next_power_of_2(dk),
-        BV=bv,
-    )
+    out = torch.empty(bs, v.shape[2], dk, v.shape[3], dtype=torch.float32, device=k.device)
+    grid, strides, consts = _shared_launch_args(k, v, g, beta, initial_state, block_v)
+    _replay_kernel[grid](k, v, g, beta, path, initial_state, out, *strides, path.shape[1], **consts)
     return out
