@@ -1,0 +1,301 @@
+"""Tree GDN verify without per-node states (``sglang_spec.gdn``) vs SGLang 0.5.23's per-node snapshots.
+
+What: one Qwen3.6-27B-like Gated-DeltaNet layer (16 q/k heads, 48 v heads, head dims 128; the shape
+``benchmarks/gdn_verify.py`` assumes) verifying ``bs`` DDTrees of ``N`` nodes (``build_ddtree``, L = 15,
+budget N - 1, random logits):
+
+* **SGLang tree** -- ``fused_sigmoid_gating_delta_rule_update`` in tree mode, as the TARGET_VERIFY of
+  ``gdn_backend.py`` calls it (via ``tests/sglang_kernel_gdn.verify_recurrent``, the plumbing
+  tests/test_sglang_gdn_kernels.py checks): gating and q/k l2-norm fused, every node starts from its
+  parent's fp32 snapshot and writes its own (``intermediate_ssm``, ``N x Hv x K x V x 4`` bytes per
+  request and layer);
+* **SGLang chain** -- the same kernel on N tokens in a chain (DFLASH / EAGLE chain verify), for scale;
+* **ours** -- ``prep`` (gating ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``, q/k
+  l2-norm and the ``K^-0.5`` scale in torch, plus the gather of the requests' states from the pool:
+  SGLang's kernel does these in-kernel, and so would an integrated version of ours) and
+  ``tree_gated_delta_rule_triton`` on a ``tree_paths(parents, width=L+1)`` table; and the commit,
+  ``replay_path_state_triton`` over a depth-15 accepted path.
+
+The conv kernel is the same on both sides of this design (docs/gdn-tree-caching.md) and is left out
+(its cost: benchmarks/results/gdn_h200/gdn_verify.md); the q/k/v it would produce are random.
+
+Checks, every cell (a failure makes the script exit 1 after the table):
+
+* ``triton``: our Triton kernel against our torch core (``_tree_gated_delta_rule_torch``, float32, on the
+  same device), max |diff| <= 1e-4;
+* ``vs SGLang``: our outputs against SGLang's tree-mode outputs (bf16), max |diff| / (1e-4 + 2^-7 |x|)
+  <= 1 (one bf16 rounding step: SGLang rounds its float32 result to the activation dtype);
+* ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
+  of that node and against our torch replay, max |diff| <= 1e-4 + 1e-4 |x|.
+
+Memory (MB per request and layer): SGLang's ``intermediate_ssm`` rows; what our verify would keep for
+the commit instead (raw ``k``, ``v`` in the activation dtype, ``g``, ``beta`` fp32 per node); the
+transient ``u`` scratch of our kernel (the size of its output); and the measured peak of extra device
+memory our kernel call allocates, per request. Times: µs per call, the median of ``--reps`` replays of a
+CUDA graph of 10 calls (``benchmarks.gdn_verify.time_us``).
+
+Run on the H200 from the repository root (~3 min, mostly Triton compiling SGLang's kernel once per
+(bs, N, mode)); ``--json`` also writes the rows::
+
+    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON benchmarks/gdn_tree_recurrence.py --json /tmp/gdn_tree_recurrence.json
+
+CPU smoke run (Triton interpreter, tiny heads, fp32, bs 1, N 17; ~1 min)::
+
+    .venv/bin/python benchmarks/gdn_tree_recurrence.py --device cpu --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if (
+    _REPO not in sys.path
+):  # `python benchmarks/...` puts benchmarks/, not the repo root, on sys.path
+    sys.path.insert(0, _REPO)
+
+GDN_LAYERS_27B = 48  # Qwen3.6-27B-like: 64 layers, [linear x3, full] x 16
+CHECK_TOL = 1e-4
+BF16_STEP = 2.0**-7
+
+
+def _prep(c: dict, conv_out: torch.Tensor, ssm_pool: torch.Tensor, bs: int, n: int):
+    """Our kernel's inputs from what SGLang's verify hands its recurrent kernel: the q/k/v split of the
+    conv output, gating and l2-norm (SGLang does both in-kernel), the requests' states as [bs, Hv, K, V]."""
+    from sglang_spec.gdn.tree_gdn import _l2norm
+
+    H, HV, dk, dv = c["num_k_heads"], c["num_v_heads"], c["head_k_dim"], c["head_v_dim"]
+    q, k, v = torch.split(conv_out.view(bs, n, -1), [H * dk, H * dk, HV * dv], dim=-1)
+    q = _l2norm(q.reshape(bs, n, H, dk).float()) * dk**-0.5
+    k = _l2norm(k.reshape(bs, n, H, dk).float())
+    v = v.view(bs, n, HV, dv)
+    g = -c["A_log"].float().exp() * F.softplus(c["a"].float().view(bs, n, HV) + c["dt_bias"])
+    beta = c["b"].float().view(bs, n, HV).sigmoid()
+    s0 = ssm_pool[c["cache_indices"].long()].transpose(-1, -2)  # SGLang's pool is [Hv, V, K]
+    return q, k, v, g, beta, s0
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> float:
+    """max |got - want| / (atol + rtol |want|): <= 1 passes."""
+    got, want = got.float(), want.float()
+    return float(((got - want).abs() / (atol + rtol * want.abs())).max())
+
+
+def run_cell(args, kern, bs: int, n: int, device) -> dict:
+    from sglang_kernel_gdn import verify_recurrent
+
+    from benchmarks.gdn_verify import VOCAB, L, layer_inputs, time_us
+    from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn.tree_recurrence import (
+        _replay_path_state_torch,
+        _tree_gated_delta_rule_torch,
+    )
+    from sglang_spec.gdn.triton_tree_recurrence import (
+        replay_path_state_triton,
+        tree_gated_delta_rule_triton,
+    )
+    from sglang_spec.tree import build_ddtree
+
+    gen = torch.Generator().manual_seed(1000 * bs + n)
+    c, _, ssm_pool = layer_inputs(bs, n, max(args.bs) + 1, args.dims, args.dtype, device, gen)
+    H, HV, dk, dv = (
+        args.dims[x] for x in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+    )
+    conv_out = torch.randn(bs * n, 2 * H * dk + HV * dv, generator=gen).to(device, args.dtype)
+    tree = build_ddtree(3 * torch.randn(bs, L, VOCAB, generator=gen), n - 1, torch.zeros(bs).long())
+    assert tree.width == n, (tree.width, n)
+    parents = tree.parents.to(device)
+
+    # SGLang: tree mode (parent table = the tree's parents; the root's entry is not read) and chain mode
+    query_start_loc = torch.arange(0, bs * n + 1, n, dtype=torch.int32, device=device)
+    rows = torch.arange(bs, dtype=torch.int32, device=device)
+    sg = {}
+    for mode, parent_table in (("tree", parents.clamp(min=0)), ("chain", None)):
+        snapshots = torch.zeros(bs + 1, n, HV, dv, dk, device=device)
+
+        def sglang(snapshots=snapshots, parent_table=parent_table):
+            return verify_recurrent(
+                kern, c, conv_out, ssm_pool, query_start_loc, snapshots, rows, parent_table
+            )
+
+        sg[mode] = sglang().clone()
+        sg[mode + "_us"] = time_us(sglang, device, args.reps)  # rewrites the same snapshots
+        if mode == "tree":
+            sg["tree_snapshots"] = snapshots
+
+    inputs = _prep(c, conv_out, ssm_pool, bs, n)
+    q, k, v, g, beta, s0 = inputs
+    paths = tree_paths(parents, width=L + 1)
+    deepest = tree.depths.argmax(1).to(device)
+    commit_paths = paths[torch.arange(bs, device=device), deepest]  # [bs, L + 1]
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    ours = tree_gated_delta_rule_triton(q, k, v, g, beta, paths, s0)
+    peak_mb = (
+        (torch.cuda.max_memory_allocated() - base) / bs / 2**20 if device.type == "cuda" else None
+    )
+    state = replay_path_state_triton(k, v, g, beta, commit_paths, s0)
+
+    # checks
+    want = _tree_gated_delta_rule_torch(q, k, v, g, beta, tree_paths(parents), s0)
+    triton_err = float((ours - want).abs().max())
+    vs_sglang = _rel_err(ours, sg["tree"].view(bs, n, HV, dv), CHECK_TOL, BF16_STEP)
+    snap = sg["tree_snapshots"][torch.arange(bs, device=device), deepest].transpose(-1, -2)
+    replay_err = max(
+        _rel_err(state, snap, CHECK_TOL, CHECK_TOL),
+        _rel_err(
+            state, _replay_path_state_torch(k, v, g, beta, commit_paths, s0), CHECK_TOL, CHECK_TOL
+        ),
+    )
+    ok = triton_err <= CHECK_TOL and vs_sglang <= 1 and replay_err <= 1
+
+    t_prep = time_us(lambda: _prep(c, conv_out, ssm_pool, bs, n), device, args.reps)
+    t_ours = time_us(
+        lambda: tree_gated_delta_rule_triton(q, k, v, g, beta, paths, s0), device, args.reps
+    )
+    t_replay = time_us(
+        lambda: replay_path_state_triton(k, v, g, beta, commit_paths, s0), device, args.reps
+    )
+    act = torch.finfo(args.dtype).bits // 8
+    mb = 2.0**-20
+    return dict(
+        bs=bs,
+        N=n,
+        sglang_tree_us=sg["tree_us"],
+        sglang_chain_us=sg["chain_us"],
+        ours_prep_us=t_prep,
+        ours_kernel_us=t_ours,
+        ours_total_us=t_prep + t_ours,
+        ours_vs_sglang_tree=(t_prep + t_ours) / sg["tree_us"],
+        ours_vs_sglang_chain=(t_prep + t_ours) / sg["chain_us"],
+        replay_commit_us=t_replay,
+        sglang_snapshots_mb=n * HV * dk * dv * 4 * mb,
+        ours_records_mb=n * (H * dk * act + HV * dv * act + 2 * HV * 4) * mb,
+        ours_scratch_mb=n * HV * dv * 4 * mb,
+        ours_measured_peak_mb=peak_mb,
+        check_triton_max_abs=triton_err,
+        check_vs_sglang=vs_sglang,
+        check_replay=replay_err,
+        ok=ok,
+    )
+
+
+COLUMNS = [
+    ("bs", "bs"),
+    ("N", "N"),
+    ("sglang_tree_us", "SGLang tree µs"),
+    ("sglang_chain_us", "SGLang chain µs"),
+    ("ours_prep_us", "ours prep µs"),
+    ("ours_kernel_us", "ours kernel µs"),
+    ("ours_vs_sglang_tree", "ours/SGLang tree"),
+    ("ours_vs_sglang_chain", "ours/SGLang chain"),
+    ("replay_commit_us", "commit replay µs"),
+    ("sglang_snapshots_mb", "SGLang snapshots MB/req"),
+    ("ours_records_mb", "ours records MB/req"),
+    ("ours_scratch_mb", "ours u scratch MB/req"),
+    ("ours_measured_peak_mb", "ours measured alloc (u + o) MB/req"),
+    ("check_triton_max_abs", "check: Triton vs torch"),
+    ("check_vs_sglang", "check: vs SGLang /tol"),
+    ("check_replay", "check: replay /tol"),
+]
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.2e}" if abs(x) < 0.01 and x != 0 else f"{x:.2f}"
+    return "-" if x is None else str(x)
+
+
+def run(args) -> int:
+    import triton  # after main() has set TRITON_INTERPRET for the CPU
+
+    from benchmarks.gdn_verify import load_kernels
+
+    device = torch.device(args.device)
+    kern = load_kernels()
+    H, HV, dk, dv = (
+        args.dims[x] for x in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+    )
+    where = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, Triton interpreter"
+    )
+    print(
+        f"# GDN tree verify, one layer ({'tiny' if args.tiny else 'Qwen3.6-27B-like'}: {H} q/k heads, "
+        f"{HV} v heads, K = {dk}, V = {dv}); {where}; torch {torch.__version__}, triton "
+        f"{triton.__version__}; {str(args.dtype)[6:]} activations, fp32 states; µs per call (median of "
+        f"{args.reps}{' CUDA-graph replays of 10 calls' if device.type == 'cuda' else ' eager calls'}); "
+        "MB per request and layer"
+    )
+    print("| " + " | ".join(title for _, title in COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    results = []
+    for bs in args.bs:
+        for n in args.widths:
+            row = run_cell(args, kern, bs, n, device)
+            results.append(row)
+            print("| " + " | ".join(_fmt(row[key]) for key, _ in COLUMNS) + " |", flush=True)
+    print(f"\n# per request over the {GDN_LAYERS_27B} GDN layers of the 27B shape (GB)")
+    print("| N | SGLang intermediate_ssm | ours per-node records |\n|---|---|---|")
+    for n in args.widths:
+        row = next(r for r in results if r["N"] == n)
+        print(
+            f"| {n} | {row['sglang_snapshots_mb'] * GDN_LAYERS_27B / 1024:.2f} | "
+            f"{row['ours_records_mb'] * GDN_LAYERS_27B / 1024:.3f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                dict(device=where, dims=args.dims, dtype=str(args.dtype), rows=results), f, indent=1
+            )
+    failed = [(r["bs"], r["N"]) for r in results if not r["ok"]]
+    if failed:
+        print(f"CHECK FAILED for (bs, N) in {failed}")
+        return 1
+    print(
+        "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots"
+    )
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/gdn_tree_recurrence.py", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny heads, bs 1, N 17, 2 reps (CPU smoke)")
+    p.add_argument("--bs", type=int, nargs="+", help="batch sizes (default 1 8 32; --tiny: 1)")
+    p.add_argument(
+        "--widths", type=int, nargs="+", help="tree widths N (default 17 65; --tiny: 17)"
+    )
+    p.add_argument("--reps", type=int, help="timed repetitions per cell (default 50; --tiny: 2)")
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        p.error("--device cuda needs TRITON_INTERPRET unset")
+    from benchmarks.gdn_verify import QWEN36_27B_LIKE, TINY
+
+    args.bs = args.bs or ([1] if args.tiny else [1, 8, 32])
+    args.widths = args.widths or ([17] if args.tiny else [17, 65])
+    args.reps = args.reps or (2 if args.tiny else 50)
+    args.dims = TINY if args.tiny else QWEN36_27B_LIKE
+    # the Triton interpreter garbles bf16
+    args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    bad = [n for n in args.widths if n < 2]
+    if bad:
+        p.error(f"--widths must be >= 2 (a root and at least one draft node); got {bad}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
