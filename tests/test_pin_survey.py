@@ -104,6 +104,9 @@ def test_lookup_of_class_members_and_bases(tree):
     assert where(res, "sglang.a:Child.method") == "sglang/a.py:25"
     assert where(res, "sglang.a:Child.from_base") == "sglang/a.py:13"  # set in Base.__init__
     assert where(res, "sglang.a:Child.inherited") == "sglang/a.py:15"  # Base's method
+    found, why = res.resolve("sglang.a:Child.inherited", own=True)  # an override is required
+    assert found is None and why == "Child.inherited not in sglang/a.py (class at line 19)"
+    assert res.resolve("sglang.a:Child.method", own=True)[0].line == 25
     assert where(res, "sglang.a:Child.nope") == (
         "MISSING: Child.nope not in sglang/a.py (class at line 19)"
     )

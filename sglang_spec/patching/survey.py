@@ -12,7 +12,8 @@ that ``sglang-spec patch --list`` prints and ``apply`` refuses with.
 How a need is looked up: the module file must exist; the name must be bound at its top level
 (defined, assigned, or imported; ``from X import name`` and ``from X import *`` are followed to
 ``X``; imports under ``if TYPE_CHECKING`` do not count); a class attribute must be a method, a
-class-body field or a ``self.<name> =`` assignment in the class or a base class; a callable must
+class-body field or a ``self.<name> =`` assignment in the class or a base class (in the class
+itself where the plug-in relies on an override); a callable must
 accept every keyword the plug-in passes and as many positional arguments. It is a reading of the
 source: it finds removed, renamed and re-signatured internals, not changed behaviour.
 
@@ -58,10 +59,11 @@ class Need:
     why: str
     kw: tuple[str, ...] = ()  # keywords the plug-in passes (or dataclass fields it sets)
     npos: int = 0  # positional arguments the plug-in passes (``self`` not counted)
+    own: bool = False  # the class itself must define the member (an inherited one does not do)
 
 
-def _n(group, target, why, kw=(), npos=0) -> Need:
-    return Need(group, target, why, tuple(kw), npos)
+def _n(group, target, why, kw=(), npos=0, own=False) -> Need:
+    return Need(group, target, why, tuple(kw), npos, own)
 
 
 SI = "sglang.srt.speculative"
@@ -157,7 +159,7 @@ NEEDS: tuple[Need, ...] = (
     _n("tree_verify", "sglang.srt.layers.attention.verify_mask:VerifyMask.fits", "mask", npos=1),
     _n("tree_verify", "sglang.srt.layers.attention.hybrid_linear_attn_backend:"
        "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft", "GDN graph buffers",
-       npos=2),
+       npos=2, own=True),
     _n("gdn_commit", f"{SI}.spec_utils:commit_mamba_states_after_verify", "tree GDN commit",
        npos=5),
     _n("graph_hook", f"{GR}.get_spec_info", "H1 target", npos=1),
@@ -363,7 +365,9 @@ class Resolver:
             return inner, ""
         return Found(rel, hit.lineno, hit if _is_def(hit) else None), ""
 
-    def member(self, owner: Found, name: str, hops: int = 0) -> tuple[Found | None, str]:
+    def member(
+        self, owner: Found, name: str, hops: int = 0, own: bool = False
+    ) -> tuple[Found | None, str]:
         cls = owner.node
         if not isinstance(cls, ast.ClassDef):
             return None, f"{owner.file}:{owner.line} is not a class"
@@ -371,7 +375,7 @@ class Resolver:
         if st is not None:
             return Found(owner.file, st.lineno, st if _is_def(st) else None), ""
         cls_mod = owner.file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        for base in cls.bases if hops < self.MAX_HOPS else []:
+        for base in cls.bases if hops < self.MAX_HOPS and not own else []:
             if isinstance(base, ast.Name):
                 bfound, _ = self.top(cls_mod, base.id)
                 if bfound is not None:
@@ -380,17 +384,18 @@ class Resolver:
                         return got, ""
         return None, f"{cls.name}.{name} not in {owner.file} (class at line {owner.line})"
 
-    def resolve(self, target: str) -> tuple[Found | None, str]:
-        """The first of the ``|``-separated alternatives that exists."""
+    def resolve(self, target: str, own: bool = False) -> tuple[Found | None, str]:
+        """The first of the ``|``-separated alternatives that exists; with ``own`` the last
+        member must be defined by its class itself."""
         whys = []
         for alt in target.split(" | "):
             modname, objpath = alt.split(":")
             parts = objpath.split(".")
             found, why = self.top(modname, parts[0])
-            for p in parts[1:]:
+            for i, p in enumerate(parts[1:], 2):
                 if found is None:
                     break
-                found, why = self.member(found, p)
+                found, why = self.member(found, p, own=own and i == len(parts))
             if found is not None:
                 return found, ""
             whys.append(why)
@@ -441,7 +446,7 @@ class Finding:
 
 
 def check_need(res: Resolver, need: Need) -> Finding:
-    found, why = res.resolve(need.target)
+    found, why = res.resolve(need.target, need.own)
     if found is None:
         return Finding(need, False, "", why)
     problem = signature_problem(found.node, need)
