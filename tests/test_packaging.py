@@ -31,9 +31,10 @@ def test_wheel_ships_data_and_entry_points(tmp_path):
     )
     (wheel,) = (tmp_path / "dist").glob("sglang_spec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for pin in ("0.5.23", "0.5.11"):
+    for pin in ("0.5.23", "0.5.22"):
         assert f"sglang_spec/data/patches/{pin}/manifest.json" in names
         assert f"sglang_spec/data/patches/{pin}/series" in names
+    assert "sglang_spec/data/patches/support.json" in names  # `sglang-spec patch --list`
     configs = {p.name for p in (REPO / "server_configs").glob("*.yaml")}
     assert (
         configs

@@ -1,31 +1,34 @@
 """`sglang-spec patch`: the patch tool on synthetic trees and on the real pinned wheels.
 
 The real-wheel tests download `sglang==<pin>` once into ~/.cache/sglang-spec-wheels
-(override: SGLANG_SPEC_WHEEL_CACHE), unpack it under a pytest tmp dir, and run
-check -> apply -> apply -> check -> import -> revert, then compare every file of the
-tree with its pre-apply hash.
+(override: SGLANG_SPEC_WHEEL_CACHE; skipped, saying so, when PyPI cannot be reached), unpack it
+under a pytest tmp dir, and run check -> apply -> apply -> check -> import -> revert, then compare
+every file of the tree with its pre-apply hash. The import step runs on CPU against the unpacked
+pin: the patched module's KV reserve, and the plug-in loaded through SGLang's own
+`load_plugins()` so that `SpeculativeAlgorithm.from_string("DDTREE")` resolves. Each pin's wheel
+is also surveyed again and must give its committed row of patches/support.json.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sglang_spec.patching import core, udiff
+from sglang_spec.patching import core, survey, udiff
 from sglang_spec.patching import main as patch_main
 
 REPO = Path(__file__).resolve().parents[1]
 PATCHES = REPO / "patches"
-PINS = ["0.5.11", "0.5.23"]
+PINS = ["0.5.22", "0.5.23"]
 
 
 # ------------------------------------------------------------------ helpers
@@ -177,10 +180,45 @@ def test_unknown_version_refused_with_pin_list(synth, capsys):
         "apply", "--sglang-dir", str(root), "--patches-dir", str(PATCHES), capsys=capsys
     )
     assert code == 2
-    assert "0.0.7 is not a supported pin" in err
-    for pin in PINS:
-        assert pin in err
+    assert "sglang 0.0.7 is not in the support matrix" in err
+    assert f"supported pins: {', '.join(PINS)}" in err
     assert (root / FILE_A).read_bytes() == ORIG_A
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.11", "0.5.21"])
+@pytest.mark.parametrize("action", ["apply", "check", "revert"])
+def test_unsupported_release_refused_with_its_reason(synth, capsys, version, action):
+    root = synth["root"]
+    (root / "sglang/version.py").write_text(f'__version__ = "{version}"\n')
+    before = snapshot(root)
+    code, out, err = run_cli(
+        action, "--sglang-dir", str(root), "--patches-dir", str(PATCHES), capsys=capsys
+    )
+    why = core.support_matrix(PATCHES)[version]["why"]
+    assert code == 2 and out == ""
+    assert err == (
+        f"sglang-spec patch {action}: sglang {version} is not supported: {why}; "
+        f"supported pins: {', '.join(PINS)} (sglang-spec patch --list)\n"
+    )
+    assert snapshot(root) == before
+
+
+def test_list_prints_every_release_of_the_matrix(synth, capsys):
+    code, out, _ = run_cli("--list", "--sglang-dir", str(synth["root"]), capsys=capsys)
+    matrix = core.support_matrix(PATCHES)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2 + len(matrix) + 1
+    for line, (version, entry) in zip(lines[2:], matrix.items()):
+        assert line.split()[:2] == [version, entry["status"].split()[0]]
+        assert line.endswith(entry["why"])
+    assert lines[-1].startswith(f"this Python's sglang: {V} at ")
+    assert lines[-1].endswith("(not in the matrix)")
+
+
+@pytest.mark.parametrize("argv", [[], ["--list", "apply"]])
+def test_list_and_action_are_exclusive(argv, capsys):
+    code, _, err = run_cli(*argv, capsys=capsys)
+    assert code == 2 and "give one of --list or an action" in err
 
 
 def test_not_an_sglang_dir_is_usage_error(tmp_path, capsys):
@@ -273,6 +311,22 @@ def test_committed_manifests_cover_exactly_the_series():
                 assert section in head, f"{pin}/{name} header lacks {section!r}"
 
 
+def test_support_matrix_covers_the_range_and_agrees_with_the_pins():
+    """Supported exactly where a patch set exists; every release from 0.5.9 on is listed, and
+    the matrix range starts at the first release with both register and DFlashWorkerV2."""
+    matrix = core.support_matrix(PATCHES)
+    assert [v for v, e in matrix.items() if e["status"] == "supported"] == PINS[::-1]
+    for v in PINS:
+        assert (
+            matrix[v]["unmet"] == []
+            and matrix[v]["patches"] == core.load_patch_set(PATCHES, v).series
+        )
+    hosts = [v for v, e in matrix.items() if "absent" not in (e["register"], e["dflash_worker_v2"])]
+    assert hosts[-1] == "0.5.14"
+    for required in ("0.5.9", "0.5.11", "0.5.14", "0.5.21"):
+        assert matrix[required]["status"] == "not supported" and matrix[required]["unmet"]
+
+
 # ------------------------------------------------------------------ real wheels
 
 
@@ -282,36 +336,50 @@ def wheel_cache() -> Path:
     return d
 
 
+def pypi_reachable() -> bool:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/sglang/", timeout=10).close()
+    except OSError:
+        return False
+    return True
+
+
 def get_wheel(version: str) -> Path:
+    """The cached wheel of ``sglang==version``; downloads it when missing. Skips the test when
+    PyPI cannot be reached (a download that fails with PyPI up fails the test)."""
     found = sorted(wheel_cache().glob(f"sglang-{version}-*.whl"))
-    if not found:
-        # The pinned releases ship only cp311 manylinux_2_34 wheels; ask for that tag
-        # explicitly so the download does not depend on this host's glibc or Python.
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                "--only-binary=:all:",
-                "--platform",
-                "manylinux_2_34_x86_64",
-                "--python-version",
-                "3.11",
-                "--implementation",
-                "cp",
-                "--abi",
-                "cp311",
-                f"sglang=={version}",
-                "-d",
-                str(wheel_cache()),
-            ],
-            check=True,
-        )
-        found = sorted(wheel_cache().glob(f"sglang-{version}-*.whl"))
-    assert found, f"pip download produced no wheel for sglang=={version}"
+    if found:
+        return found[0]
+    if not pypi_reachable():
+        pytest.skip(f"sglang=={version} is not cached in {wheel_cache()} and PyPI is unreachable")
+    # The pins ship only cp311 manylinux_2_34 wheels; ask for that tag explicitly so the
+    # download does not depend on this host's glibc or Python.
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+            f"sglang=={version}",
+            "-d",
+            str(wheel_cache()),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    found = sorted(wheel_cache().glob(f"sglang-{version}-*.whl"))
+    assert r.returncode == 0 and found, f"pip download sglang=={version} failed: {r.stderr[-2000:]}"
     return found[0]
 
 
@@ -322,10 +390,13 @@ def unpack(wheel: Path, dest: Path) -> Path:
 
 
 def import_in_subprocess(root: Path, code: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    """Run ``code`` with the unpacked wheel at ``root`` first on the path (this repository's
+    sglang_spec next), so neither the venv's sglang nor an installed sglang_spec is used."""
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{REPO}", PYTHONDONTWRITEBYTECODE="1")
     prog = textwrap.dedent(f"""\
-        import sglang
+        import sglang, sglang_spec
         assert sglang.__file__.startswith({str(root)!r}), sglang.__file__
+        assert sglang_spec.__file__.startswith({str(REPO)!r}), sglang_spec.__file__
         """) + textwrap.dedent(code)
     return subprocess.run(
         [sys.executable, "-c", prog],
@@ -337,21 +408,8 @@ def import_in_subprocess(root: Path, code: str, timeout: int = 240) -> subproces
     )
 
 
-def _ast_choices_of(path: Path, option: str) -> list[str]:
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and node.args[0].value == option
-        ):
-            for kw in node.keywords:
-                if kw.arg == "choices":
-                    return [e.value for e in kw.value.elts]
-    raise AssertionError(f"{option} not found in {path}")
-
-
+# Both pins carry patch 0001 (P3): the reserve prepare_for_decode asks for, with stubbed sizing.
+# Unpatched, (width 5, block 16) reserves 2*5 = 10.
 P3_CHECK = """\
 import types
 import sglang.srt.speculative.dflash_info_v2 as m
@@ -376,13 +434,34 @@ for width, block in [(16, 16), (16, None), (5, 16), (65, 16)]:
     except Captured as c:
         out[(width, block)] = c.args[0]
 assert out == {(16, 16): 32, (16, None): 32, (5, 16): 32, (65, 16): 130}, out
-print("IMPORT-OK")
+print("P3-OK")
+"""
+
+# The plug-in loaded the way SGLang loads it (entry point group sglang.srt.plugins), DDTREE
+# resolved by name, and the worker class built on this release's DFlashWorkerV2.
+PLUGIN_CHECK = """\
+from sglang.srt.plugins import load_plugins
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+load_plugins()
+algo = SpeculativeAlgorithm.from_string("DDTREE")
+assert type(algo).__module__ == "sglang_spec.plugin", type(algo)
+assert algo.is_dflash_family() and not algo.is_eagle()
+worker = algo.factory(None)
+assert worker.__name__ == "DDTreeWorker" and issubclass(worker, DFlashWorkerV2), worker.__mro__
+print("PLUGIN-OK")
 """
 
 
 @pytest.mark.parametrize("version", PINS)
 def test_real_wheel_apply_check_import_revert(version, tmp_path, capsys):
-    root = unpack(get_wheel(version), tmp_path / "wheel")
+    wheel = get_wheel(version)
+    # The committed matrix row is what the survey reads in this wheel.
+    entry = survey.support_document([survey.survey_release(wheel, PATCHES)])["releases"][version]
+    assert entry == core.support_matrix(PATCHES)[version]
+
+    root = unpack(wheel, tmp_path / "wheel")
     before = snapshot(root)
     args = ["--sglang-dir", str(root), "--patches-dir", str(PATCHES)]
 
@@ -399,20 +478,10 @@ def test_real_wheel_apply_check_import_revert(version, tmp_path, capsys):
     code, out, _ = run_cli("check", *args, capsys=capsys)
     assert code == 0 and "state: applied" in out
 
-    if version == "0.5.23":
-        # Import the patched module on CPU from the unpacked wheel (venv sglang shadowed)
-        # and run prepare_for_decode far enough to see the KV reserve it asks for. The
-        # unpatched module gives 2*5 = 10 for (width 5, block 16).
-        r = import_in_subprocess(root, P3_CHECK)
-        assert r.returncode == 0 and "IMPORT-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
-    else:
-        # 0.5.11's server_args cannot be imported with this project's transformers 5.19
-        # (ValueError: 'qwen3_asr' is already used by a Transformers config; see
-        # patches/README.md), so compile the patched file and read the argparse literal.
-        path = root / "sglang/srt/server_args.py"
-        compile(path.read_bytes(), str(path), "exec")
-        choices = _ast_choices_of(path, "--speculative-algorithm")
-        assert choices == ["DFLASH", "DDTREE", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+    r = import_in_subprocess(root, P3_CHECK + PLUGIN_CHECK)
+    assert r.returncode == 0 and "P3-OK" in r.stdout and "PLUGIN-OK" in r.stdout, (
+        r.stdout[-2000:] + r.stderr[-3000:]
+    )
 
     code, out, _ = run_cli("revert", *args, capsys=capsys)
     assert code == 0 and "restored" in out

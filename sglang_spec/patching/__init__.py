@@ -1,8 +1,10 @@
-"""``sglang-spec patch apply | check | revert | manifest``: our patch set for pinned SGLang.
+"""``sglang-spec patch apply | check | revert | manifest | --list``: patches for pinned SGLang.
 
 The patch files live in ``patches/<sglang-version>/`` (unified diffs against that
 release's ``sglang/`` tree, listed with their sha256 hashes in ``manifest.json``); see
-``patches/README.md`` for what each one does and why a plugin hook cannot.
+``patches/README.md`` for what each one does and why a plugin hook cannot. ``--list`` prints the
+support matrix (``patches/support.json``): every surveyed SGLang release, supported or not, and why;
+``apply`` on a release without a patch set refuses with that reason.
 
 Exit codes: 0 ok (``check``: applied); 1 check failed / not applied / refused;
 2 usage error, sglang not found, or unsupported sglang version.
@@ -27,6 +29,7 @@ from sglang_spec.patching.core import (  # noqa: F401  (re-exported API)
     check,
     default_patches_dir,
     detect_version,
+    list_matrix,
     locate,
     revert,
     supported_versions,
@@ -37,12 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument(
         "action",
+        nargs="?",
         choices=["apply", "check", "revert", "manifest"],
         help="apply: patch the tree (no-op if already applied); check: report "
         "applied / not applied / partially applied / modified by someone else "
         "(exit 0 only if applied); revert: restore the original files byte for byte; "
         "manifest: (maintainers) print manifest.json for the tree's version from "
         "patches/<version>/series and a pristine tree",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the support matrix: each surveyed SGLang release, supported or not, and why",
     )
     parser.add_argument(
         "--sglang-dir",
@@ -63,18 +72,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.list == (args.action is not None):
+        print(
+            "sglang-spec patch: give one of --list or an action (apply, check, revert, manifest)",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        if args.action == "manifest":
+        if args.list:
+            result = list_matrix(args.sglang_dir, args.patches_dir)
+        elif args.action == "manifest":
             tree = locate(args.sglang_dir)
             version, _ = detect_version(tree)
             patches_dir = args.patches_dir or default_patches_dir()
             print(json.dumps(build_manifest(patches_dir, version, tree), indent=2))
             return 0
-        result: Result = {"apply": apply, "check": check, "revert": revert}[args.action](
-            args.sglang_dir, args.patches_dir
-        )
+        else:
+            result = {"apply": apply, "check": check, "revert": revert}[args.action](
+                args.sglang_dir, args.patches_dir
+            )
     except PatchingError as e:
-        print(f"sglang-spec patch {args.action}: {e}", file=sys.stderr)
+        print(f"sglang-spec patch {args.action or '--list'}: {e}", file=sys.stderr)
         return e.exit_code
     print("\n".join(result.lines))
     return result.code

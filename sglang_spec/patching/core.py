@@ -22,6 +22,7 @@ from sglang_spec.patching import udiff
 from sglang_spec.paths import shipped_dir
 
 MANIFEST = "manifest.json"
+SUPPORT = "support.json"  # the matrix written by `python -m sglang_spec.patching.survey`
 
 ORIGINAL, PATCHED, MODIFIED, MISSING = "original", "patched", "modified", "missing"
 APPLIED, NOT_APPLIED, PARTIAL, FOREIGN = (
@@ -135,15 +136,28 @@ class PatchSet:
     parsed: list[tuple[str, list[udiff.FilePatch]]]
 
 
+def support_matrix(patches_dir: Path) -> dict[str, dict]:
+    """release -> {status, why, register, dflash_worker_v2, needs_met, ...} from support.json
+    (empty when the file is absent)."""
+    f = patches_dir / SUPPORT
+    return json.loads(f.read_text())["releases"] if f.is_file() else {}
+
+
+def unsupported_reason(patches_dir: Path, version: str) -> str:
+    """One line: why ``version`` has no patch set, from the support matrix."""
+    pins = ", ".join(supported_versions(patches_dir)) or "(none found)"
+    entry = support_matrix(patches_dir).get(version)
+    if entry is not None:
+        why = f"sglang {version} is not supported: {entry['why']}"
+    else:
+        why = f"sglang {version} is not in the support matrix ({patches_dir / SUPPORT})"
+    return f"{why}; supported pins: {pins} (sglang-spec patch --list)"
+
+
 def load_patch_set(patches_dir: Path, version: str) -> PatchSet:
     d = patches_dir / version
     if not (d / MANIFEST).is_file():
-        pins = supported_versions(patches_dir)
-        raise PatchingError(
-            f"sglang {version} is not a supported pin; supported: {', '.join(pins) or '(none found)'}"
-            f" (patch sets in {patches_dir})",
-            2,
-        )
+        raise PatchingError(unsupported_reason(patches_dir, version), 2)
     manifest = json.loads((d / MANIFEST).read_text())
     if manifest.get("sglang_version") != version:
         raise PatchingError(
@@ -414,4 +428,37 @@ def revert(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Re
     changed = write_all(tree, st.contents, _originals(st, ps, "revert", lines))
     lines.append(f"reverted {len(ps.series)} patch(es); restored {len(changed)} file(s):")
     lines += [f"  {rel}  -> {ps.files[rel]['original_sha256'][:12]}" for rel in changed]
+    return Result(0, lines)
+
+
+def list_matrix(sglang_dir: str | None = None, patches_dir: Path | None = None) -> Result:
+    """The support matrix, newest release first, and where this Python's sglang stands."""
+    pdir = patches_dir or default_patches_dir()
+    matrix = support_matrix(pdir)
+    if not matrix:
+        raise PatchingError(f"no support matrix at {pdir / SUPPORT}", 2)
+    head = ("release", "status", "SpeculativeAlgorithm.register", "DFlashWorkerV2", "needs")
+    rows = [
+        (
+            v,
+            e["status"],
+            e["register"].removeprefix("sglang/srt/speculative/"),
+            e["dflash_worker_v2"].removeprefix("sglang/srt/speculative/"),
+            e["needs_met"],
+        )
+        for v, e in matrix.items()
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [f"SGLang releases for DDTREE ({pdir / SUPPORT}; patches/README.md says how)"]
+    for r, v in zip([head, *rows], [None, *matrix]):
+        cells = "  ".join(c.ljust(w) for c, w in zip(r, widths))
+        lines.append(f"{cells}  {'why' if v is None else matrix[v]['why']}")
+    try:
+        tree = locate(sglang_dir)
+        version, _ = detect_version(tree)
+    except PatchingError as e:
+        lines.append(f"this Python's sglang: {e}")
+    else:
+        status = matrix.get(version, {}).get("status", "not in the matrix")
+        lines.append(f"this Python's sglang: {version} at {tree.package} ({status})")
     return Result(0, lines)
