@@ -2,7 +2,9 @@
 
 Each kernel mirrors a torch definition in build.py / layout.py / walk.py (same float32 operations,
 same tie-breaking) and is checked against it (tests run them under ``TRITON_INTERPRET=1`` on the
-CPU; ``benchmarks/tree_gpu_check.py`` on the H200). No kernel reads anything back to the host.
+CPU; ``benchmarks/tree.py`` on the H200). No kernel reads anything back to the host. The module
+imports nothing from the torch definitions it mirrors (only ``types``), so the lazy imports of it
+in build.py, layout.py and walk.py close no cycle.
 
 - ``_select_kernel``: one program per request; ``B`` pops over a frontier held in registers
   (at most ``B + 1`` entries: each pop frees its slot for the popped node's next sibling and
@@ -17,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
+from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult, bitpack_dtype
 
 
 @triton.jit
@@ -205,8 +207,6 @@ def tree_layout(
     tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq_lens_sum: int | None
 ) -> TreeABI:
     """Triton twin of the CPU path of ``layout.sglang_tree_abi``."""
-    from .layout import bitpack_dtype
-
     bs, N = tree.tokens.shape
     dev = tree.tokens.device
     positions = torch.empty(bs, N, dtype=torch.long, device=dev)
