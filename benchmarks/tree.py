@@ -4,25 +4,27 @@ For every (batch size, budget) it times, on random drafter logits ``[bs, L, V]``
 the vocabulary top-K (``draft_topk``), the build (``build_ddtree_from_topk``), the layout with
 SGLang's ABI in FULL_MASK mode (``sglang_tree_abi``) and the greedy walk (``walk_greedy``), and the
 reference port's host-side build (which includes its own top-K) and walk
-(``benchmarks/reference_port.py``). "b+l+w" is build + layout + walk (the cost beyond the top-K);
+(``benchmarks/reference_port.py``). Our build is timed as the plug-in runs it (chain-inclusive). "b+l+w" is build + layout + walk (the cost beyond the top-K);
 "ours total" adds the top-K and compares with "ref total". On CUDA, "b+l+w graph" is the same
 three stages replayed from one CUDA graph: the GPU time without Python's launch overhead, which is
 what a captured decode step pays; the eager columns include that overhead. Before timing it checks
-that our tree selects the same scores as the reference port and that both walks agree; on CUDA it
-also checks the Triton kernels against the torch implementation. Times are medians, in µs.
+that our tree without the chain selects the same scores as the reference port (plain DDTree) and
+that both walks agree; on CUDA it also checks the Triton kernels against the torch implementation,
+with and without the chain. Times are medians, in µs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import torch
 
 from benchmarks.reference_port import reference_build, reference_walk
 from benchmarks.timing import median_timer
 from sglang_spec.tree import build_ddtree_from_topk, draft_topk, sglang_tree_abi, walk_greedy
-from sglang_spec.tree.build import _select_torch
+from sglang_spec.tree.build import _chain_length, _select_torch
 from sglang_spec.tree.layout import _child_links, ancestor_mask
 from sglang_spec.tree.walk import _walk_torch
 
@@ -43,9 +45,9 @@ def check(logits, budget, seq_lens, gen) -> None:
     """Our tree/walk agree with the reference port (and, on CUDA, Triton with torch)."""
     bs, L, V = logits.shape
     logq, ids = draft_topk(logits, min(budget, V))
-    tree = build_ddtree_from_topk(
-        logq, ids, budget, torch.zeros(bs, dtype=torch.long, device=logits.device)
-    )
+    roots = torch.zeros(bs, dtype=torch.long, device=logits.device)
+    # The reference port is plain DDTree: compare it with the tree without the chain.
+    tree = build_ddtree_from_topk(logq, ids, budget, roots, include_chain=False)
     ref = reference_build(logits, budget)
     for b in range(bs):
         ours = sorted(tree.scores[b, : int(tree.num_nodes[b])].tolist())
@@ -63,13 +65,15 @@ def check(logits, budget, seq_lens, gen) -> None:
     tgt = _targets_following_tree(tree, V, gen)
     walk = walk_greedy(tree, tgt)
     if logits.is_cuda:
-        cpu_sel = _select_torch(logq, budget)
-        if not all(
-            torch.equal(a.cpu(), b.cpu())
-            for a, b in zip(cpu_sel, (tree.depths, None, tree.parents, tree.scores, tree.num_nodes))
-            if b is not None
-        ):
-            raise AssertionError("Triton selection differs from the torch selection")
+        for include_chain in (False, True):
+            t = build_ddtree_from_topk(logq, ids, budget, roots, include_chain)
+            cpu_sel = _select_torch(logq, budget, _chain_length(include_chain, budget, L))
+            if not all(
+                torch.equal(a.cpu(), b.cpu())
+                for a, b in zip(cpu_sel, (t.depths, None, t.parents, t.scores, t.num_nodes))
+                if b is not None
+            ):
+                raise AssertionError("Triton selection differs from the torch selection")
         w2 = _walk_torch(tree, tgt)
         if not (torch.equal(w2.accepted, walk.accepted) and torch.equal(w2.bonus, walk.bonus)):
             raise AssertionError("Triton walk differs from the torch walk")
@@ -172,11 +176,13 @@ def run(args) -> int:
             logq, ids = draft_topk(logits, K)
             tree = build_ddtree_from_topk(logq, ids, budget, roots)
             tgt = _targets_following_tree(tree, args.vocab, gen)
-            t_topk = timer(lambda: draft_topk(logits, K), repeats)
-            t_build = timer(lambda: build_ddtree_from_topk(logq, ids, budget, roots), repeats)
+            t_topk = timer(partial(draft_topk, logits, K), repeats)
+            t_build = timer(partial(build_ddtree_from_topk, logq, ids, budget, roots), repeats)
             seq_sum = bs * args.seq_len
-            t_layout = timer(lambda: sglang_tree_abi(tree, seq_lens, seq_lens_sum=seq_sum), repeats)
-            t_walk = timer(lambda: walk_greedy(tree, tgt), repeats)
+            t_layout = timer(
+                partial(sglang_tree_abi, tree, seq_lens, seq_lens_sum=seq_sum), repeats
+            )
+            t_walk = timer(partial(walk_greedy, tree, tgt), repeats)
             ours = t_build + t_layout + t_walk
             row = [bs, budget, t_topk, t_build, t_layout, t_walk, ours, t_topk + ours]
             if dev.type == "cuda":
@@ -185,8 +191,8 @@ def run(args) -> int:
                 )
             if bs <= args.ref_max_bs:
                 ref_trees = reference_build(logits, budget)
-                r_build = timer(lambda: reference_build(logits, budget), max(3, repeats // 10))
-                r_walk = timer(lambda: reference_walk(ref_trees, tgt), max(3, repeats // 10))
+                r_build = timer(partial(reference_build, logits, budget), max(3, repeats // 10))
+                r_walk = timer(partial(reference_walk, ref_trees, tgt), max(3, repeats // 10))
                 # The reference's build includes its own top-K, so it compares with our total.
                 r_total = r_build + r_walk
                 row += [r_build, r_walk, r_total, r_total / (t_topk + ours)]

@@ -11,6 +11,7 @@ node therefore always has a finite score.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -21,10 +22,12 @@ from tree_testing import SETTINGS
 
 from sglang_spec.tree import (
     DraftTree,
+    build_chain,
     build_ddtree,
     build_ddtree_from_topk,
     draft_topk,
     merge_sharded_topk,
+    walk_greedy,
 )
 
 ATOL = 2e-4
@@ -57,6 +60,7 @@ def check_tree(
     root_tokens: torch.Tensor,
     k: int | None = None,
     topk_ids: torch.Tensor | None = None,
+    include_chain: bool = True,
 ) -> None:
     """Every contract property of a DDTree built from `logits` ([bs, L, V])."""
     bs, L, V = logits.shape
@@ -73,16 +77,12 @@ def check_tree(
     for b in range(bs):
         lq = O.logq64(logits[b])
         n = int(tree.num_nodes[b])
-        if topk_ids is None:
-            best = O.oracle_best_scores(lq, budget, kk)
-        else:
-            # restricted to the given candidate ids per depth
-            allowed = [sorted(set(topk_ids[b, d].tolist())) for d in range(L)]
-            pref = O.enumerate_prefixes(lq, allowed)
-            fin = sorted((s for s in pref.values() if math.isfinite(s)), reverse=True)
-            best = torch.tensor(fin[:budget], dtype=torch.float64)
+        # restricted to the given candidate ids per depth, or to ranks < kk
+        allowed = None if topk_ids is None else [topk_ids[b, d].tolist() for d in range(L)]
+        chain, best = O.oracle_tree(lq, budget, kk, allowed, include_chain)
         # number of real nodes
-        assert n == 1 + best.numel(), f"row {b}: num_nodes={n}, oracle says {1 + best.numel()}"
+        want = 1 + len(chain) + best.numel()
+        assert n == want, f"row {b}: num_nodes={n}, oracle says {want}"
         # root
         assert int(tree.tokens[b, 0]) == int(root_tokens[b])
         assert int(tree.parents[b, 0]) == -1 and int(tree.depths[b, 0]) == 0
@@ -94,7 +94,7 @@ def check_tree(
             assert float(tree.scores[b, i]) == float("-inf"), f"padding score row {b} slot {i}"
             assert int(tree.tokens[b, i]) == int(root_tokens[b]), f"padding token row {b} slot {i}"
         # real nodes
-        seen = set()
+        prefixes = []
         for i in range(1, n):
             p = int(tree.parents[b, i])
             assert 0 <= p < i, f"row {b} node {i}: parent {p} not in [0, {i})"
@@ -104,10 +104,10 @@ def check_tree(
             path = O.path_of(tree.parents[b], i)
             toks = tuple(int(tree.tokens[b, j]) for j in path)
             assert all(0 <= t < V for t in toks)
-            assert toks not in seen, (
+            assert toks not in prefixes, (
                 f"row {b}: prefix {toks} appears twice (siblings share a token)"
             )
-            seen.add(toks)
+            prefixes.append(toks)
             s = sum(lq[dd, t].item() for dd, t in enumerate(toks))
             assert math.isfinite(s), (
                 f"row {b} node {i}: impossible prefix {toks} (score -inf) selected"
@@ -125,8 +125,15 @@ def check_tree(
             else:
                 for dd, t in enumerate(toks):
                     assert t in set(topk_ids[b, dd].tolist())
-        # selected scores are exactly the oracle's best ones
-        got = torch.sort(tree.scores[b, 1:n].double(), descending=True).values
+        # the chain, in depth order, at slots 1..L
+        want_chain = [chain[:d] for d in range(1, len(chain) + 1)]
+        assert prefixes[: len(chain)] == want_chain, (
+            f"row {b}: slots 1..{len(chain)} hold {prefixes[: len(chain)]}, chain {chain}"
+        )
+        # the other nodes, best first: exactly the oracle's best scores
+        rest = tree.scores[b, 1 + len(chain) : n].double()
+        got = torch.sort(rest, descending=True).values
+        assert torch.equal(rest, got), f"row {b}: non-chain nodes not best-first: {rest.tolist()}"
         assert torch.allclose(got, best, atol=ATOL, rtol=1e-5), (
             f"row {b}: scores {got.tolist()} vs oracle {best.tolist()}"
         )
@@ -320,19 +327,24 @@ def test_build_full_tree_exact_small_case():
 
 
 def test_build_equal_logits_breadth_first_and_low_ids():
-    # all logits equal: each depth-d prefix has score -d log V, so with B = V + 2 the tree is
+    # all logits equal: each depth-d prefix has score -d log V, so with B = V + 2 the plain tree is
     # the whole first level plus 2 second-level nodes, all tokens in the top-K = min(B,V) ranks.
     bs, L, V, B = 2, 3, 4, 6
     x = torch.zeros(bs, L, V)
-    tree = build_ddtree(x, B, torch.tensor([0, 1]))
-    check_tree(tree, x, B, torch.tensor([0, 1]))
+    tree = build_ddtree(x, B, torch.tensor([0, 1]), include_chain=False)
+    check_tree(tree, x, B, torch.tensor([0, 1]), include_chain=False)
+    # with the chain: (0), (0, 0), (0, 0, 0) -- the lowest id wins every tie -- then the first level
+    chained = build_ddtree(x, B, torch.tensor([0, 1]))
+    check_tree(chained, x, B, torch.tensor([0, 1]))
     for b in range(bs):
         d = tree.depths[b, 1:].tolist()
         assert sorted(d) == [1, 1, 1, 1, 2, 2]
+        assert chained.depths[b, 1:].tolist() == [1, 2, 3, 1, 1, 1]
+        assert chained.tokens[b, 1:].tolist() == [0, 0, 0, 1, 2, 3]
     # V > B with exact ties: K = B = 2, the tie among 5 equal tokens goes to the lowest ids
     x2 = torch.zeros(1, 2, 5)
-    t2 = build_ddtree(x2, 2, torch.tensor([3]))
-    check_tree(t2, x2, 2, torch.tensor([3]))
+    t2 = build_ddtree(x2, 2, torch.tensor([3]), include_chain=False)
+    check_tree(t2, x2, 2, torch.tensor([3]), include_chain=False)
     assert sorted(t2.tokens[0, 1:].tolist()) == [0, 1]
 
 
@@ -374,20 +386,25 @@ def test_build_bad_budget_raises(budget):
         build_ddtree_from_topk(logq, ids, budget, torch.tensor([0]))
 
 
-def test_build_deterministic_and_batch_independent():
+def assert_batch_is_per_row(tree: DraftTree, x, budget, roots, **kw) -> None:
+    """Every request's tree depends on its own logits only: the batched build equals per-row builds."""
+    for b in range(x.shape[0]):
+        tb = build_ddtree(x[b : b + 1].clone(), budget, roots[b : b + 1].clone(), **kw)
+        for name in ("tokens", "parents", "depths", "num_nodes"):
+            assert torch.equal(getattr(tb, name)[0], getattr(tree, name)[b]), (b, name)
+        assert torch.allclose(tb.scores[0], tree.scores[b], atol=1e-6), b
+
+
+@pytest.mark.parametrize("include_chain", [True, False])
+def test_build_deterministic_and_batch_independent(include_chain):
     bs, L, V, B = 6, 3, 5, 9
     for style in ("normal", "ints", "equal"):
         x = make_logits(77, bs, L, V, style)
         roots = torch.tensor([0, 1, 2, 3, 4, 0])
-        t1 = build_ddtree(x, B, roots)
-        t2 = build_ddtree(x.clone(), B, roots.clone())
+        t1 = build_ddtree(x, B, roots, include_chain=include_chain)
+        t2 = build_ddtree(x.clone(), B, roots.clone(), include_chain=include_chain)
         assert_same_tree(t1, t2)
-        # every request's tree depends on its own logits only
-        for b in range(bs):
-            tb = build_ddtree(x[b : b + 1].clone(), B, roots[b : b + 1].clone())
-            for name in ("tokens", "parents", "depths", "num_nodes"):
-                assert torch.equal(getattr(tb, name)[0], getattr(t1, name)[b]), (style, b, name)
-            assert torch.allclose(tb.scores[0], t1.scores[b], atol=1e-6), (style, b)
+        assert_batch_is_per_row(t1, x, B, roots, include_chain=include_chain)
 
 
 def test_build_from_topk_equals_build():
@@ -429,14 +446,16 @@ def test_build_from_topk_with_small_k():
     B=st.integers(1, 24),
     seed=st.integers(0, 2**31 - 1),
     style=st.sampled_from(["normal", "normal", "ints", "equal", "neginf"]),
+    include_chain=st.booleans(),
 )
-def test_build_property(bs, L, V, B, seed, style):
+def test_build_property(bs, L, V, B, seed, style, include_chain):
     x = make_logits(seed, bs, L, V, style)
     roots = torch.randint(V, (bs,), generator=torch.Generator().manual_seed(seed + 1))
-    tree = build_ddtree(x, B, roots)
-    check_tree(tree, x, B, roots)
-    again = build_ddtree(x.clone(), B, roots.clone())
+    tree = build_ddtree(x, B, roots, include_chain=include_chain)
+    check_tree(tree, x, B, roots, include_chain=include_chain)
+    again = build_ddtree(x.clone(), B, roots.clone(), include_chain=include_chain)
     assert_same_tree(tree, again)
+    assert_batch_is_per_row(tree, x, B, roots, include_chain=include_chain)
 
 
 @SETTINGS
@@ -479,8 +498,9 @@ def test_tree_temperature_moves_budget_to_depth():
     p = torch.tensor([0.6, 0.4]).log()
     x = torch.stack([p, p])[None]
     roots = torch.tensor([5])
-    flat = build_ddtree(x, 2, roots)
-    deep = build_ddtree(x, 2, roots, temperature=0.5)
+    # (plain trees: with the chain, budget 2 = L would be the chain at any temperature)
+    flat = build_ddtree(x, 2, roots, include_chain=False)
+    deep = build_ddtree(x, 2, roots, temperature=0.5, include_chain=False)
     assert flat.depths[0].tolist() == [0, 1, 1] and flat.tokens[0].tolist() == [5, 0, 1]
     assert deep.depths[0].tolist() == [0, 1, 2] and deep.tokens[0].tolist() == [5, 0, 0]
 
@@ -490,3 +510,123 @@ def test_bad_tree_temperature_raises(tau):
     x = torch.randn(1, 2, 4)
     with pytest.raises(ValueError, match="tree temperature must be a finite number > 0"):
         build_ddtree(x, 4, torch.tensor([0]), temperature=tau)
+
+
+# ---------------------------------------------------------------------------------------------
+# chain-inclusive trees
+# ---------------------------------------------------------------------------------------------
+def greedy_target(seed: int, lq: torch.Tensor, p_chain: float, p_second: float):
+    """A target's greedy token after every draft prefix, as a fixed function of the prefix.
+
+    After a prefix of depth d it picks the drafter's best token of depth d + 1 with probability
+    ``p_chain``, its second best with ``p_second``, else a uniform token (draws seeded by the
+    prefix, so every tree sees the same target). ``lq`` [L, V] are the draft log-probs.
+    """
+    L, V = lq.shape
+    ranked = [sorted(range(V), key=lambda t: (-lq[d, t].item(), t)) for d in range(L)]
+
+    def target(prefix: tuple) -> int:
+        rng = random.Random(f"{seed}/{prefix}")
+        u, d = rng.random(), len(prefix)
+        if d < L and u < p_chain:
+            return ranked[d][0]
+        if d < L and V > 1 and u < p_chain + p_second:
+            return ranked[d][1]
+        return rng.randrange(V)
+
+    return target
+
+
+def walk_with(tree: DraftTree, targets) -> tuple[torch.Tensor, list]:
+    """walk_greedy with the target token at every real node given by ``targets[b](prefix)``."""
+    tgt = tree.tokens.clone()
+    for b in range(tree.batch_size):
+        for i in range(int(tree.num_nodes[b])):
+            path = O.path_of(tree.parents[b], i) if i else []
+            tgt[b, i] = targets[b](tuple(int(tree.tokens[b, j]) for j in path))
+    walk = walk_greedy(tree, tgt)
+    emitted = [
+        [int(tree.tokens[b, j]) for j in walk.accepted[b, 1 : 1 + int(walk.accept_len[b])]]
+        + [int(walk.bonus[b])]
+        for b in range(tree.batch_size)
+    ]
+    return walk.accept_len, emitted
+
+
+@SETTINGS
+@given(
+    bs=st.integers(1, 4),
+    L=st.integers(1, 6),
+    V=st.integers(2, 5),
+    extra=st.integers(0, 8),
+    seed=st.integers(0, 2**31 - 1),
+    style=st.sampled_from(["normal", "ints", "equal", "neginf"]),
+    p_chain=st.sampled_from([0.5, 0.8, 0.95, 1.0]),
+)
+def test_chain_tree_accepts_at_least_the_chain(bs, L, V, extra, seed, style, p_chain):
+    """Greedy verification of the chain-inclusive tree (B = L + extra) accepts at least as many
+    tokens as DFLASH's chain from the same draft, for any target, and emits the target's greedy
+    tokens (lossless); the plain tree of the same budget has no such guarantee."""
+    x = make_logits(seed, bs, L, V, style)
+    roots = torch.zeros(bs, dtype=torch.long)
+    targets = [
+        greedy_target(seed + b, O.logq64(x[b]), p_chain, 0.6 * (1 - p_chain)) for b in range(bs)
+    ]
+    tree_len, tree_out = walk_with(build_ddtree(x, L + extra, roots), targets)
+    chain_len, chain_out = walk_with(build_chain(x, roots), targets)
+    assert (tree_len >= chain_len).all(), (tree_len, chain_len)
+    for b in range(bs):
+        rollout = []
+        for _ in range(len(tree_out[b])):
+            rollout.append(targets[b](tuple(rollout)))
+        assert tree_out[b] == rollout, (b, tree_out[b], rollout)
+        assert chain_out[b] == rollout[: len(chain_out[b])]
+
+
+def test_chain_tree_beats_plain_tree_on_a_deep_target():
+    # q = (0.5, 0.3, 0.2) at every depth, budget 4 = L + 1. The plain tree is (0), (1), (0, 0), (2):
+    # depth 2 at most. The chain-inclusive tree is (0), (0, 0), (0, 0, 0), then the best prefix
+    # outside the chain, (1). A target that continues 0, 0, 0 accepts 3 drafts from the chain
+    # tree, 2 from the plain one.
+    p = torch.tensor([0.5, 0.3, 0.2]).log()
+    x = torch.stack([p, p, p])[None]
+    roots = torch.tensor([7])
+    plain = build_ddtree(x, 4, roots, include_chain=False)
+    chained = build_ddtree(x, 4, roots)
+    assert plain.tokens[0].tolist() == [7, 0, 1, 0, 2] and plain.depths[0].tolist() == [
+        0,
+        1,
+        1,
+        2,
+        1,
+    ]
+    assert chained.tokens[0].tolist() == [7, 0, 0, 0, 1]
+    assert chained.parents[0].tolist() == [-1, 0, 1, 2, 0]
+    zeros = [lambda _prefix: 0]
+    assert walk_with(plain, zeros)[0].tolist() == [2]
+    assert walk_with(chained, zeros)[0].tolist() == [3]
+
+
+@pytest.mark.parametrize("L,B", [(4, 1), (4, 3), (5, 4), (3, 3), (3, 4)])
+def test_chain_only_when_it_fits(L, B):
+    """B < L: the chain does not fit and the tree is the plain best-first one; B >= L: slots 1..L
+    hold build_chain's tokens, each the child of the previous slot."""
+    x = make_logits(31 * L + B, 3, L, 6, "normal")
+    roots = torch.tensor([1, 2, 3])
+    chained = build_ddtree(x, B, roots)
+    plain = build_ddtree(x, B, roots, include_chain=False)
+    if B < L:
+        assert_same_tree(chained, plain)
+        return
+    chain = build_chain(x, roots)
+    assert torch.equal(chained.tokens[:, : L + 1], chain.tokens)
+    assert torch.equal(chained.parents[:, : L + 1], chain.parents)
+    assert torch.equal(chained.depths[:, : L + 1], chain.depths)
+    torch.testing.assert_close(chained.scores[:, : L + 1], chain.scores)
+
+
+@pytest.mark.parametrize("flag", [1, None, "yes"])
+def test_bad_include_chain_raises(flag):
+    x = torch.randn(1, 2, 4)
+    with pytest.raises(ValueError, match="include_chain must be True or False"):
+        build_ddtree(x, 4, torch.tensor([0]), include_chain=flag)

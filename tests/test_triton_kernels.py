@@ -1,68 +1,114 @@
 """The Triton kernels of sglang_spec.tree equal the torch implementation, bit for bit.
 
-CI has no GPU, so the kernels run under Triton's CPU interpreter (``TRITON_INTERPRET=1``), which
-must be set before Triton is imported: the checks run in a child process.
+:func:`check_kernels_match_torch` runs every kernel on ``device`` and the torch path on the CPU on
+the same inputs, including drafts with many exact ties (equal and integer logits), so that the
+frontier's tie breaking (the lowest slot wins) is compared, with and without the chain. CI has no
+GPU: there the kernels run under Triton's CPU interpreter (``TRITON_INTERPRET=1``, which must be set
+before Triton is imported, so that check runs in a child process). The interpreter's ``tl.max``
+always breaks ties to the left whatever the kernel asks for, so only the compiled run checks the
+kernels' own tie breaking: ``python -m pytest tests/test_triton_kernels.py`` on a CUDA machine.
 """
 
+import itertools
 import os
 import subprocess
 import sys
-import textwrap
 
-CHILD = textwrap.dedent(
-    """
-    import itertools, torch
-    from sglang_spec.tree import build, layout, walk, triton_kernels as tk
-    from sglang_spec.tree.types import TreeMaskMode
+import pytest
+import torch
 
-    torch.manual_seed(0)
-    cases = [(3, 4, 7, 10), (2, 1, 3, 5), (4, 6, 50, 33), (1, 15, 100, 64), (2, 3, 2, 9), (5, 2, 40, 1)]
-    for bs, L, V, B in cases:
-        lg = torch.randn(bs, L, V)
-        lg[0, :, 1] = float("-inf")          # impossible tokens
+
+def _cases():
+    """(bs, L, V, B, include_chain, logits) covering B < L, B = L, B > L and exact ties."""
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    shapes = [(3, 4, 7, 10), (2, 1, 3, 5), (4, 6, 50, 33), (1, 15, 100, 64), (2, 3, 2, 9)]
+    shapes += [(5, 2, 40, 1), (3, 6, 5, 4), (3, 5, 6, 5)]
+    for (bs, L, V, B), chain in itertools.product(shapes, (True, False)):
+        lg = torch.randn(bs, L, V, generator=g)
+        lg[0, :, 1] = float("-inf")  # impossible tokens
+        if bs > 1:
+            lg[1] = torch.randint(-2, 2, (L, V), generator=g).float()  # ties between prefixes
         if bs > 2:
-            lg[2] = 0.0                      # all ties
+            lg[2] = 0.0  # all ties
+        cases.append((bs, L, V, B, chain, lg))
+    return cases
+
+
+def check_kernels_match_torch(device: str) -> None:
+    """Selection, layout and walk on ``device`` (Triton) equal the CPU torch path, bit for bit."""
+    from sglang_spec.tree import build, layout, walk
+    from sglang_spec.tree import triton_kernels as tk
+    from sglang_spec.tree.types import DraftTree, TreeMaskMode
+
+    def on(t):
+        return t.to(device)
+
+    for bs, L, V, B, chain, lg in _cases():
         logq, ids = build.draft_topk(lg, min(B, V))
         roots = torch.arange(bs) + 100
-        ref = build.build_ddtree_from_topk(logq, ids, B, roots)
-        tokens, depth, _, parent, score, num = tk.ddtree_select(logq, ids, roots, B)
-        for name, a, b in [("tokens", ref.tokens, tokens), ("depths", ref.depths, depth),
-                           ("parents", ref.parents, parent), ("scores", ref.scores, score),
-                           ("num_nodes", ref.num_nodes, num)]:
-            assert torch.equal(a, b), (bs, L, V, B, name, a, b)
+        ref = build.build_ddtree_from_topk(logq, ids, B, roots, include_chain=chain)
+        n_chain = build._chain_length(chain, B, L)
+        got = tk.ddtree_select(on(logq), on(ids), on(roots), B, n_chain)
+        tokens, depth, _, parent, score, num = (t.cpu() for t in got)
+        for name, a, b in [
+            ("tokens", ref.tokens, tokens),
+            ("depths", ref.depths, depth),
+            ("parents", ref.parents, parent),
+            ("scores", ref.scores, score),
+            ("num_nodes", ref.num_nodes, num),
+        ]:
+            assert torch.equal(a, b), (bs, L, V, B, chain, name, a, b)
+        if not chain:
+            continue  # the layout and walk kernels do not depend on how the tree was chosen
+        tree = DraftTree(*(on(t) for t in (tokens, parent, depth, score, num)), horizon=L)
         seq = torch.randint(0, 300, (bs,))
         for mode in [0, 1] + ([2] if B + 1 <= 32 else []):
             c = layout.sglang_tree_abi(ref, seq, mode)
-            g = tk.tree_layout(ref, seq, TreeMaskMode(mode), int(seq.sum()))
-            for f in ["draft_tokens", "positions", "retrieve_index", "retrieve_next_token",
-                      "retrieve_next_sibling", "tree_mask"]:
-                assert torch.equal(getattr(c, f), getattr(g, f)), (mode, f)
-        for trial in range(3):
+            g = tk.tree_layout(tree, on(seq), TreeMaskMode(mode), int(seq.sum()))
+            for f in [
+                "draft_tokens",
+                "positions",
+                "retrieve_index",
+                "retrieve_next_token",
+                "retrieve_next_sibling",
+                "tree_mask",
+            ]:
+                assert torch.equal(getattr(c, f), getattr(g, f).cpu()), (mode, f)
+        for _ in range(3):
             tgt = torch.randint(0, V, (bs, B + 1))
             follow = torch.rand(bs, B + 1) < 0.6
             for b_, i in itertools.product(range(bs), range(1, B + 1)):
                 p = int(ref.parents[b_, i])
                 if p >= 0 and follow[b_, i]:
                     tgt[b_, p] = ref.tokens[b_, i]
-            w1, w2 = walk._walk_torch(ref, tgt), tk.tree_walk(ref, tgt)
+            w1, w2 = walk._walk_torch(ref, tgt), tk.tree_walk(tree, on(tgt))
             for f in ["accepted", "accept_len", "bonus"]:
-                assert torch.equal(getattr(w1, f), getattr(w2, f)), (f, getattr(w1, f), getattr(w2, f))
-    # NaN log-probs: the kernel cannot raise without a host sync, so that request gets a root-only tree.
+                assert torch.equal(getattr(w1, f), getattr(w2, f).cpu()), (f, w1, w2)
+    # NaN log-probs: the kernel cannot raise without a host sync, so that request gets a root-only
+    # tree (with or without the chain).
     logq, ids = build.draft_topk(torch.randn(2, 3, 9), 4)
     logq[1, 2, 0] = float("nan")
-    tokens, depth, _, parent, score, num = tk.ddtree_select(logq, ids, torch.tensor([5, 6]), 4)
-    assert num.tolist()[1] == 1 and num.tolist()[0] == 5, num
-    assert depth[1].tolist() == [0, -1, -1, -1, -1] and tokens[1].tolist() == [6] * 5
-    print("TRITON_OK")
-    """
-)
+    for n_chain in (0, 3):
+        got = tk.ddtree_select(on(logq), on(ids), on(torch.tensor([5, 6])), 4, n_chain)
+        tokens, depth, _, _, _, num = (t.cpu() for t in got)
+        assert num.tolist()[1] == 1 and num.tolist()[0] == 5, num
+        assert depth[1].tolist() == [0, -1, -1, -1, -1] and tokens[1].tolist() == [6] * 5
 
 
 def test_triton_kernels_match_torch_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = f"import sys; sys.path.insert(0, {here!r}); import test_triton_kernels as t; "
+    child += "t.check_kernels_match_torch('cpu'); print('TRITON_OK')"
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0 and "TRITON_OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-5000:]
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
+def test_triton_kernels_match_torch_on_cuda():
+    check_kernels_match_torch("cuda")

@@ -71,31 +71,55 @@ def all_prefix_scores(lq: torch.Tensor) -> torch.Tensor:
     return torch.cat(chunks)
 
 
-def oracle_best_scores(lq: torch.Tensor, budget: int, k: int | None = None) -> torch.Tensor:
-    """Scores (desc) of the nodes DDTree must select: the `budget` best finite prefixes whose
-    token at every depth has rank < k (k defaults to min(budget, V)).
+def oracle_chain(lq: torch.Tensor, allowed=None) -> tuple:
+    """The drafter's greedy chain: at every depth the (allowed) token first under (logq desc, id asc)."""
+    L, V = lq.shape
+    return tuple(
+        min(allowed[d] if allowed is not None else range(V), key=lambda t: (-lq[d, t].item(), t))
+        for d in range(L)
+    )
 
-    By Lemma 1 of the paper the rank restriction with k = min(B, V) does not change the
-    multiset of the B best scores; the restricted enumeration is what bounds how many real
-    nodes exist when there are fewer than B prefixes.
+
+def oracle_tree(
+    lq: torch.Tensor, budget: int, k: int | None = None, allowed=None, include_chain: bool = True
+) -> tuple[tuple, torch.Tensor]:
+    """What the DDTree of ``budget`` nodes must hold: ``(chain, scores of its other nodes, desc)``.
+
+    The candidates at depth d are ``allowed[d]`` (default: the tokens of rank < k under
+    (logq desc, id asc), k defaulting to min(budget, V)). With ``include_chain`` and
+    ``budget >= L`` the tree holds the greedy chain (all L of its prefixes) and its other nodes
+    are the ``budget - L`` best finite candidate prefixes that are not chain prefixes; otherwise
+    chain = () and the nodes are the ``budget`` best finite candidate prefixes. Fewer finite
+    candidates than that leave padding.
+
+    Lemma 1 (only ranks < min(B, V) can appear) holds for both, as the chain takes rank 0 at every
+    depth: with the default k the restricted answer is checked against the unrestricted one.
     """
     L, V = lq.shape
     k = min(budget, V) if k is None else k
-    ranks = tie_ranks(lq)
-    allowed = [[t for t in range(V) if ranks[d, t] < k] for d in range(L)]
+    if allowed is None:
+        ranks = tie_ranks(lq)
+        allowed = [[t for t in range(V) if ranks[d, t] < k] for d in range(L)]
+        lemma1 = k == min(budget, V)
+    else:
+        lemma1 = False
+    chain = oracle_chain(lq, allowed) if include_chain and budget >= L else ()
+    in_chain = {chain[:d] for d in range(1, len(chain) + 1)}
     restricted = enumerate_prefixes(lq, allowed)
-    finite_restricted = [s for s in restricted.values() if math.isfinite(s)]
-    n_real = min(budget, len(finite_restricted))
-    allscores = all_prefix_scores(lq)
-    allscores = allscores[torch.isfinite(allscores)]
-    best_all = torch.sort(allscores, descending=True).values[:n_real]
-    best_restricted = torch.sort(
-        torch.tensor(finite_restricted, dtype=torch.float64), descending=True
-    ).values[:n_real]
-    # Lemma 1 sanity check of the oracle itself (only meaningful for k = min(B, V)).
-    if k == min(budget, V):
-        assert torch.allclose(best_all, best_restricted, atol=1e-9), "oracle: Lemma 1 violated?"
-    return best_restricted
+    others = [s for u, s in restricted.items() if math.isfinite(s) and u not in in_chain]
+    rest = torch.sort(torch.tensor(others, dtype=torch.float64), descending=True).values
+    rest = rest[: budget - len(chain)]
+    if lemma1:  # the same scores without the rank restriction (a check of the oracle itself)
+        allscores = all_prefix_scores(lq)
+        keep = torch.isfinite(allscores)
+        offset = 0
+        for d in range(1, L + 1):
+            if d <= len(chain):  # drop the chain prefix of depth d (row-major index in its chunk)
+                keep[offset + sum(t * V ** (d - 1 - i) for i, t in enumerate(chain[:d]))] = False
+            offset += V**d
+        best_all = torch.sort(allscores[keep], descending=True).values[: rest.numel()]
+        assert torch.allclose(best_all, rest, atol=1e-9), "oracle: Lemma 1 violated?"
+    return chain, rest
 
 
 def path_of(parents_row, i: int) -> list:

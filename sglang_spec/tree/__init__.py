@@ -12,9 +12,9 @@ from .build import (
     draft_topk,
     merge_sharded_topk,
 )
-from .layout import ancestor_mask, bitpack_dtype, sglang_tree_abi, tree_positions
+from .layout import ancestor_mask, sglang_tree_abi, tree_positions
 from .topk import VocabShard, shard_logits, sharded_topk
-from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
+from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult, bitpack_dtype
 from .walk import sample_target_tokens, walk_greedy, walk_sample
 
 __all__ = [

@@ -4,13 +4,33 @@ DDTree (arXiv 2604.12989, Algorithm 1) keeps the B prefixes with the highest fac
 probability ``prod_d q_d(token_d)``; that set is prefix-closed and only the ``K = min(B, V)`` best
 tokens of each depth can appear in it. The selection is a best-first search over a frontier that
 holds, for every popped node, at most its next sibling and its first child (so at most ``B + 1``
-entries). Both implementations below run it batched over requests without host synchronisation:
+entries).
+
+Chain-inclusive trees (``include_chain=True``, the default): when ``B >= L`` the tree first takes
+the drafter's greedy chain -- the rank-0 token of every depth, to depth L, i.e. exactly the chain
+DFLASH verifies -- and fills the other ``B - L`` nodes best-first. The factorised objective
+understates the chain when the drafter's errors are correlated (right for the whole block or wrong
+at its first token), and best-first then spends the budget on shallow siblings; with the chain in
+the tree, greedy verification accepts at least as many tokens as DFLASH from the same draft. The
+chain is L forced pops: the chain node of depth d sits in frontier slot ``d - 1`` when it is popped,
+so it takes slot d of the tree and the order stays topological; the pops that follow are the usual
+best-first search over the frontier the chain left, so the other nodes are exactly the ``B - L``
+best prefixes outside the chain (the exact-top-B property restricted to what the chain leaves).
+When ``B < L`` the chain does not fit and the tree is the plain best-first tree: it maximises the
+factorised objective over every prefix-closed set of B prefixes (DDTree Prop. 2), so in expectation
+it is at least as good as the chain cut to depth B (one such set), and no budget below L can hold
+DFLASH's chain anyway.
+
+Both implementations run batched over requests without host synchronisation:
 
 - :func:`_select_torch`: ``B`` vectorised steps of torch ops (CPU, and any device without Triton);
 - ``triton_kernels.ddtree_select``: one Triton program per request (CUDA).
 
-They perform the same float32 operations in the same order and break ties the same way (the
-lowest frontier slot wins), so they return identical trees; the CUDA tests check this.
+They perform the same float32 operations in the same order and break ties between frontier entries
+the same way (the lowest slot wins: ``torch.max``'s documented first maximal index, and
+``tl.max(..., return_indices_tie_break_left=True)``). ``tests/test_triton_kernels.py`` checks the
+trees are identical, bit for bit, on drafts with many exact ties, under the Triton interpreter on
+the CPU and, where CUDA is available, compiled on the GPU.
 """
 
 from __future__ import annotations
@@ -118,11 +138,19 @@ def merge_sharded_topk(
     return logq[..., :k], flat_ids[..., :k]
 
 
-def _select_torch(logq: torch.Tensor, budget: int):
+def _chain_length(include_chain: bool, budget: int, horizon: int) -> int:
+    """Forced chain pops: the whole chain (L) when asked for and it fits the budget, else none."""
+    if not isinstance(include_chain, bool):
+        raise ValueError(f"include_chain must be True or False; got {include_chain!r}")
+    return horizon if include_chain and budget >= horizon else 0
+
+
+def _select_torch(logq: torch.Tensor, budget: int, chain: int):
     """Best-first selection of the ``budget`` best prefixes, batched over requests with torch ops.
 
-    Returns per node ``(depth, rank, parent, score)`` tensors ``[bs, 1 + budget]`` (root at slot 0,
-    padding with depth -1) and ``num_nodes [bs]``.
+    The first ``chain`` pops are forced to the rank-0 chain (see the module docstring). Returns per
+    node ``(depth, rank, parent, score)`` tensors ``[bs, 1 + budget]`` (root at slot 0, padding with
+    depth -1) and ``num_nodes [bs]``.
     """
     bs, L, K = logq.shape
     dev = logq.device
@@ -146,7 +174,11 @@ def _select_torch(logq: torch.Tensor, budget: int):
     score[:, 0] = 0.0
     logq_flat = logq.reshape(bs, L * K)
     for n in range(1, N):
-        best, slot = f_score.max(dim=1)  # first maximal slot on ties (torch.max contract)
+        if n <= chain:  # the chain node of depth n waits in slot n - 1 (its parent's first child)
+            slot = torch.full((bs,), n - 1, dtype=torch.long, device=dev)
+            best = f_score[rows, slot]  # a copy (a view would follow the sibling write below)
+        else:
+            best, slot = f_score.max(dim=1)  # first maximal slot on ties (torch.max contract)
         valid = best > float("-inf")
         d = f_depth[rows, slot]
         r = f_rank[rows, slot]
@@ -174,14 +206,21 @@ def _select_torch(logq: torch.Tensor, budget: int):
 
 
 def build_ddtree_from_topk(
-    logq: torch.Tensor, ids: torch.Tensor, budget: int, root_tokens: torch.Tensor
+    logq: torch.Tensor,
+    ids: torch.Tensor,
+    budget: int,
+    root_tokens: torch.Tensor,
+    include_chain: bool = True,
 ) -> DraftTree:
     """Build the DDTree of ``budget`` draft nodes from per-depth top-K log-probs and token ids.
 
     ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (K >= min(budget, V) for
-    exactness); ``root_tokens [bs]`` are the last verified tokens. Raises ``ValueError`` on NaN
-    log-probs when the tensors are on the CPU; on CUDA (no host synchronisation allowed) a request
-    whose log-probs contain NaN gets a root-only tree, which verifies losslessly.
+    exactness); ``root_tokens [bs]`` are the last verified tokens. With ``include_chain`` and
+    ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth d + 1 at slot d + 1) and
+    the other ``budget - L`` nodes are the best prefixes outside it; otherwise the tree is the plain
+    best-first one (module docstring). Raises ``ValueError`` on NaN log-probs when the tensors are on
+    the CPU; on CUDA (no host synchronisation allowed) a request whose log-probs contain NaN gets a
+    root-only tree, which verifies losslessly.
     """
     budget = _check_budget(budget)
     if logq.dim() != 3 or ids.shape != logq.shape:
@@ -191,20 +230,23 @@ def build_ddtree_from_topk(
     bs, L, K = logq.shape
     if root_tokens.shape != (bs,):
         raise ValueError(f"root_tokens must be [bs={bs}]; got shape {tuple(root_tokens.shape)}")
+    chain = _chain_length(include_chain, budget, L)
     logq = logq.float().contiguous()
     ids = ids.long().contiguous()
     root_tokens = root_tokens.long()
     if logq.is_cuda:
         from .triton_kernels import ddtree_select
 
-        tokens, depth, _, parent, score, num_nodes = ddtree_select(logq, ids, root_tokens, budget)
+        tokens, depth, _, parent, score, num_nodes = ddtree_select(
+            logq, ids, root_tokens, budget, chain
+        )
     else:
         if torch.isnan(logq).any():
             bad = torch.isnan(logq).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(
                 f"draft log-probs contain NaN for request(s) {bad}; the drafter produced invalid logits"
             )
-        depth, rank, parent, score, num_nodes = _select_torch(logq, budget)
+        depth, rank, parent, score, num_nodes = _select_torch(logq, budget, chain)
         flat = (depth - 1).clamp(min=0) * K + rank
         tokens = torch.where(
             depth > 0, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None]
@@ -215,13 +257,20 @@ def build_ddtree_from_topk(
 
 
 def build_ddtree(
-    draft_logits: torch.Tensor, budget: int, root_tokens: torch.Tensor, temperature: float = 1.0
+    draft_logits: torch.Tensor,
+    budget: int,
+    root_tokens: torch.Tensor,
+    temperature: float = 1.0,
+    include_chain: bool = True,
 ) -> DraftTree:
     """Select the ``budget`` highest-scoring draft prefixes from per-depth logits ``[bs, L, V]``.
 
     Score = sum over depths of the log-softmax (of ``logits / temperature``, see :func:`draft_topk`);
-    ranks ``< K = min(budget, V)`` per depth.
-    NaN logits raise ``ValueError`` on the CPU (see :func:`build_ddtree_from_topk` for CUDA).
+    ranks ``< K = min(budget, V)`` per depth. ``include_chain`` (default on): when ``budget >= L``
+    the tree contains the argmax chain to depth L (what :func:`build_chain` verifies; the tree
+    temperature does not move an argmax) at slots ``1..L``, the rest best-first; see
+    :func:`build_ddtree_from_topk`. NaN logits raise ``ValueError`` on the CPU (see
+    :func:`build_ddtree_from_topk` for CUDA).
     """
     budget = _check_budget(budget)
     _check_logits(draft_logits)
@@ -231,7 +280,7 @@ def build_ddtree(
             f"draft_logits contain NaN for request(s) {bad}; the drafter produced invalid logits"
         )
     logq, ids = draft_topk(draft_logits, min(budget, draft_logits.shape[-1]), temperature)
-    return build_ddtree_from_topk(logq, ids, budget, root_tokens)
+    return build_ddtree_from_topk(logq, ids, budget, root_tokens, include_chain)
 
 
 def build_chain(draft_logits: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:

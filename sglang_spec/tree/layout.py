@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import DraftTree, TreeABI, TreeMaskMode
+from .types import DraftTree, TreeABI, TreeMaskMode, bitpack_dtype
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
@@ -49,16 +49,6 @@ def _child_links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     later = j.view(1, 1, N) > j.view(1, N, 1)
     nxt = torch.where(same_parent & later, j.view(1, 1, N), big).amin(dim=2)
     return torch.where(first == N, -1, first), torch.where(nxt == N, -1, nxt)
-
-
-def bitpack_dtype(width: int) -> torch.dtype:
-    """Word type of a bit-packed mask row, as SGLang picks it (uint8 / uint16 / uint32 by width)."""
-    if not 1 <= width <= 32:
-        raise ValueError(
-            f"QLEN_ONLY_BITPACKING holds at most 32 verify tokens per request; got width {width}"
-        )
-    bits = 8 if width <= 8 else 16 if width <= 16 else 32
-    return {8: torch.uint8, 16: torch.uint16, 32: torch.uint32}[bits]
 
 
 def _pack_rows(mask: torch.Tensor) -> torch.Tensor:

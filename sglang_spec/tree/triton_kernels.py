@@ -2,11 +2,13 @@
 
 Each kernel mirrors a torch definition in build.py / layout.py / walk.py (same float32 operations,
 same tie-breaking) and is checked against it (tests run them under ``TRITON_INTERPRET=1`` on the
-CPU; ``benchmarks/tree_gpu_check.py`` on the H200). No kernel reads anything back to the host.
+CPU, compiled where CUDA is available; ``benchmarks/tree.py`` on the H200). No kernel reads anything
+back to the host. The module imports nothing from the torch definitions it mirrors (only ``types``),
+so the lazy imports of it in build.py, layout.py and walk.py close no cycle.
 
 - ``_select_kernel``: one program per request; ``B`` pops over a frontier held in registers
   (at most ``B + 1`` entries: each pop frees its slot for the popped node's next sibling and
-  appends at most its first child).
+  appends at most its first child); the first ``CHAIN`` pops are forced to the greedy chain.
 - ``_layout_kernel``: one program per (request, block of rows); ancestors by parent hops.
 - ``_walk_kernel``: one program per request; descends level by level with the tree in registers.
 """
@@ -17,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult
+from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult, bitpack_dtype
 
 
 @triton.jit
@@ -35,6 +37,7 @@ def _select_kernel(
     K: tl.constexpr,
     N: tl.constexpr,
     FB: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
     b = tl.program_id(0)
     base = logq_ptr + b * L * K
@@ -58,6 +61,10 @@ def _select_kernel(
         best, slot = tl.max(
             f_score, axis=0, return_indices=True, return_indices_tie_break_left=True
         )
+        if CHAIN > 0:  # pops 1..CHAIN take the chain node of depth n, waiting in slot n - 1
+            forced = n <= CHAIN
+            slot = tl.where(forced, n - 1, slot)
+            best = tl.where(forced, tl.sum(tl.where(slots == n - 1, f_score, 0.0), axis=0), best)
         valid = best > neg_inf
         at = slots == slot
         meta = tl.sum(tl.where(at, f_meta, 0), axis=0)
@@ -93,10 +100,13 @@ def _select_kernel(
     tl.store(num_nodes_ptr + b, tl.sum((real & in_tree).to(tl.int64), axis=0))
 
 
-def ddtree_select(logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, budget: int):
+def ddtree_select(
+    logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tensor, budget: int, chain: int
+):
     """Triton twin of ``build._select_torch`` plus the token gather (same outputs, bit for bit).
 
-    Returns ``(tokens, depth, rank, parent, score, num_nodes)``.
+    ``chain``: forced chain pops (0 or L, ``build._chain_length``). Returns
+    ``(tokens, depth, rank, parent, score, num_nodes)``.
     """
     bs, L, K = logq.shape
     N = budget + 1
@@ -125,6 +135,7 @@ def ddtree_select(logq: torch.Tensor, ids: torch.Tensor, root_tokens: torch.Tens
         K=K,
         N=N,
         FB=triton.next_power_of_2(N),
+        CHAIN=chain,
         num_warps=1,
     )
     return tokens, depth, rank, parent, score, num_nodes
@@ -205,8 +216,6 @@ def tree_layout(
     tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq_lens_sum: int | None
 ) -> TreeABI:
     """Triton twin of the CPU path of ``layout.sglang_tree_abi``."""
-    from .layout import bitpack_dtype
-
     bs, N = tree.tokens.shape
     dev = tree.tokens.device
     positions = torch.empty(bs, N, dtype=torch.long, device=dev)

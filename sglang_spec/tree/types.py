@@ -1,4 +1,4 @@
-"""Data types shared by the tree build, the layout and the walks.
+"""Data types shared by the tree build, the layout, the walks and the Triton kernels.
 
 Conventions (batched over requests, ``N = 1 + B`` slots per request, B = budget):
 slot 0 is the root (the last verified token), real nodes occupy slots ``[0, num_nodes)`` in an order
@@ -19,6 +19,16 @@ class TreeMaskMode(IntEnum):
     FULL_MASK = 0  # per request: N rows x (seq_len + N) columns, bool, requests concatenated
     QLEN_ONLY = 1  # per request: N x N bool
     QLEN_ONLY_BITPACKING = 2  # per request: N words (uint8/16/32), bit j of row i = column j
+
+
+def bitpack_dtype(width: int) -> torch.dtype:
+    """Word type of a bit-packed mask row, as SGLang picks it (uint8 / uint16 / uint32 by width)."""
+    if not 1 <= width <= 32:
+        raise ValueError(
+            f"QLEN_ONLY_BITPACKING holds at most 32 verify tokens per request; got width {width}"
+        )
+    bits = 8 if width <= 8 else 16 if width <= 16 else 32
+    return {8: torch.uint8, 16: torch.uint16, 32: torch.uint32}[bits]
 
 
 @dataclass
