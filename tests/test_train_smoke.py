@@ -2,13 +2,18 @@
 stage runs, and every output reloads (tokenizer, both targets via transformers, the MTP weights under
 SGLang's names, both drafters via DFlashDrafter.from_pretrained). Checks plumbing, not quality."""
 
+import copy
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from training import cli, config, corpus, export, models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,11 @@ def test_layout_and_record(out):
     assert 30 <= len(prompts) <= 60
     assert {p["module"] + ".py" for p in prompts} <= set(config.HELDOUT_MODULES)
     assert all(p["prompt"].startswith(("def ", "async def ")) for p in prompts)
+    assert any("." in p["qualname"] for p in prompts)  # methods too, not only functions
+    for p in prompts:  # a module-level function's prompt + reference is its source text
+        if "." not in p["qualname"]:
+            src = open(os.path.join(corpus.stdlib_root(), p["module"] + ".py")).read()
+            assert p["prompt"] + p["reference"] in src, p["id"]
 
 
 def test_reload_transformers(out):
@@ -118,3 +128,27 @@ def test_reload_drafters(out):
             q[0, 0] = o.logits[0, -1].argmax()
             h = d(q, torch.arange(n, n + B)[None], ctx, torch.arange(n)[None])
             assert torch.isfinite(d.logits(h)).all()
+
+
+def test_entry_point_rejects_unknown_stage_before_work(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "training", "--out", str(out), "--stage", "tokenizer+nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "unknown stage 'nope'" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_set_overrides_existing_keys_only():
+    S = copy.deepcopy(config.TINY)
+    config.apply_override(S, "train.hybrid-dflash.lr=0.01")
+    config.apply_override(S, "hybrid_layer_ids=[0, 2]")
+    assert S["train"]["hybrid-dflash"]["lr"] == 0.01 and S["hybrid_layer_ids"] == [0, 2]
+    with pytest.raises(SystemExit, match="no setting 'train.hybrid-dflash.lrr'"):
+        config.apply_override(S, "train.hybrid-dflash.lrr=1")
+    with pytest.raises(SystemExit, match="is not JSON"):
+        config.apply_override(S, "block_size=eight")
