@@ -2,7 +2,7 @@
 # Run on the lent H200 from the repo root: retrain the DFlash drafters of the bundled tiny pair on the
 # *shipped* targets (tokenizer, hybrid + MTP, qwen3 stay as they are), several drafter variants at once
 # (each its own process; the tiny models leave the GPU mostly idle, so they share it well), each with
-# the same time box. Every variant ends with the script's reload checks. Results: $OUT/drafters.tgz
+# the same time box. Every variant ends with the trainer's reload checks. Results: $OUT/drafters.tgz
 # (one folder per variant: hybrid-dflash/ or qwen3-dflash/, train_config.json, train.log) and the logs.
 # Pick the winner on the CPU with `python -m benchmarks.acceptance --drafter-dir ...`.
 #   usage: bash benchmarks/h200_train_drafters.sh BOX_SECONDS "NAME:STAGE:PATH=JSON;PATH=JSON..." ...
@@ -22,8 +22,8 @@ for spec in "$@"; do
   args=(--out "$d" --stage "$stage" --set "train.$stage.box=$box")
   IFS=";" read -ra extra <<<"$sets"
   for s in "${extra[@]}"; do [ -n "$s" ] && args+=(--set "$s"); done
-  echo "== $name: tools/train_tiny_pair.py ${args[*]}"
-  python3 tools/train_tiny_pair.py "${args[@]}" >"$d/train.log" 2>&1 &
+  echo "== $name: python -m training ${args[*]}"
+  python3 -m training "${args[@]}" >"$d/train.log" 2>&1 &
   pids+=($!)
 done
 rc=0

@@ -1,6 +1,6 @@
 """The bundled trained tiny pairs load offline and decode losslessly with real acceptance.
 
-``sglang_spec/fixtures/tiny-pair`` (trained by tools/train_tiny_pair.py on the H200): a Qwen3.5-text
+``sglang_spec/fixtures/tiny-pair`` (trained by ``python -m training`` on the H200): a Qwen3.5-text
 hybrid target (with an MTP head for SGLang's NEXTN) and a Qwen3 target, each with a DFlash drafter
 of block 16. Greedy DFLASH and DDTREE must reproduce AR exactly on held-out prompts, and the
 trained drafters must be accepted far more often than chance (a count, not a timing).

@@ -1,58 +1,46 @@
-"""End-to-end smoke test of tools/train_tiny_pair.py (--tiny --device cpu): every stage runs, and
-every output reloads (tokenizer, both targets via transformers, the MTP weights under SGLang's
-names, both drafters via DFlashDrafter.from_pretrained). Checks plumbing, not quality."""
+"""End-to-end smoke test of the fixture trainer ``python -m training`` (--tiny --device cpu): every
+stage runs, and every output reloads (tokenizer, both targets via transformers, the MTP weights under
+SGLang's names, both drafters via DFlashDrafter.from_pretrained). Checks plumbing, not quality."""
 
-import importlib.util
+import copy
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
 
+from training import cli, config, corpus, export, models
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "train_tiny_pair", os.path.join(ROOT, "tools", "train_tiny_pair.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny_pair"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def tool():
-    return _load_tool()
-
-
-@pytest.fixture(scope="module")
-def out(tool, tmp_path_factory):
+def out(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("tiny_pair"))
     threads = torch.get_num_threads()
     try:
-        assert tool.main(["--out", d, "--device", "cpu", "--tiny", "--stage", "all"]) == 0
+        assert cli.main(["--out", d, "--device", "cpu", "--tiny", "--stage", "all"]) == 0
     finally:
         torch.set_num_threads(threads)
     return d
 
 
-def test_heldout_modules_not_trained(tool):
-    train, val, held = tool.corpus_files()
-    names = {os.path.relpath(p, tool.stdlib_root()) for p in train + val}
-    assert len(held) == len(tool.HELDOUT_MODULES) >= 8
-    assert not names & set(tool.HELDOUT_MODULES)
-    assert not any(part in tool.EXCLUDE_DIRS for n in names for part in n.split(os.sep)[:-1])
+def test_heldout_modules_not_trained():
+    train, val, held = corpus.corpus_files()
+    names = {os.path.relpath(p, corpus.stdlib_root()) for p in train + val}
+    assert len(held) == len(config.HELDOUT_MODULES) >= 8
+    assert not names & set(config.HELDOUT_MODULES)
+    assert not any(part in config.EXCLUDE_DIRS for n in names for part in n.split(os.sep)[:-1])
 
 
-def test_layout_and_record(out, tool):
+def test_layout_and_record(out):
     for sub in ("tokenizer", "hybrid", "hybrid-dflash", "qwen3", "qwen3-dflash"):
         assert os.path.isdir(os.path.join(out, sub)), sub
     rec = json.load(open(os.path.join(out, "train_config.json")))
-    assert rec["seed"] == 1234 and rec["heldout_modules"] == tool.HELDOUT_MODULES
-    for stage in tool.COMPONENTS:
+    assert rec["seed"] == 1234 and rec["heldout_modules"] == config.HELDOUT_MODULES
+    for stage in config.COMPONENTS:
         assert stage in rec["stages"], stage
     for stage in ("hybrid", "mtp", "hybrid-dflash", "qwen3", "qwen3-dflash"):
         s = rec["stages"][stage]
@@ -62,8 +50,13 @@ def test_layout_and_record(out, tool):
     assert rec["checks"]["total_bytes"] < 20_000_000
     prompts = [json.loads(line) for line in open(os.path.join(out, "heldout_prompts.jsonl"))]
     assert 30 <= len(prompts) <= 60
-    assert {p["module"] + ".py" for p in prompts} <= set(tool.HELDOUT_MODULES)
+    assert {p["module"] + ".py" for p in prompts} <= set(config.HELDOUT_MODULES)
     assert all(p["prompt"].startswith(("def ", "async def ")) for p in prompts)
+    assert any("." in p["qualname"] for p in prompts)  # methods too, not only functions
+    for p in prompts:  # a module-level function's prompt + reference is its source text
+        if "." not in p["qualname"]:
+            src = open(os.path.join(corpus.stdlib_root(), p["module"] + ".py")).read()
+            assert p["prompt"] + p["reference"] in src, p["id"]
 
 
 def test_reload_transformers(out):
@@ -94,7 +87,7 @@ def test_reload_transformers(out):
     assert cfg["full_attention_interval"] == 4 and cfg["mtp_num_hidden_layers"] == 1
 
 
-def test_mtp_weights_in_sglang_layout(out, tool):
+def test_mtp_weights_in_sglang_layout(out):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -102,14 +95,14 @@ def test_mtp_weights_in_sglang_layout(out, tool):
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
         keys = [k for k in f.keys() if k.startswith("mtp.")]
         sd = {k[len("mtp.") :]: f.get_tensor(k).float() for k in keys}
-    assert {tool.sglang_mtp_name(k) for k in keys} == tool.SGLANG_MTP_PARAMS
+    assert {export.sglang_mtp_name(k) for k in keys} == export.SGLANG_MTP_PARAMS
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    mtp = tool.Qwen35MTP(target.config)
+    mtp = models.Qwen35MTP(target.config)
     mtp.load_state_dict(sd, strict=True)
-    tool.check_causal(mtp, target.config.hidden_size, torch.device("cpu"))
+    models.check_causal(mtp, target.config.hidden_size, torch.device("cpu"))
     x = torch.randint(4, target.config.vocab_size, (1, 12))
     with torch.no_grad():
-        lg, tl = tool.mtp_forward(mtp, target, x)
+        lg, tl = models.mtp_forward(mtp, target, x)
     assert lg.shape == (1, 11, target.config.vocab_size) and torch.isfinite(lg).all()
 
 
@@ -135,3 +128,27 @@ def test_reload_drafters(out):
             q[0, 0] = o.logits[0, -1].argmax()
             h = d(q, torch.arange(n, n + B)[None], ctx, torch.arange(n)[None])
             assert torch.isfinite(d.logits(h)).all()
+
+
+def test_entry_point_rejects_unknown_stage_before_work(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "training", "--out", str(out), "--stage", "tokenizer+nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "unknown stage 'nope'" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_set_overrides_existing_keys_only():
+    S = copy.deepcopy(config.TINY)
+    config.apply_override(S, "train.hybrid-dflash.lr=0.01")
+    config.apply_override(S, "hybrid_layer_ids=[0, 2]")
+    assert S["train"]["hybrid-dflash"]["lr"] == 0.01 and S["hybrid_layer_ids"] == [0, 2]
+    with pytest.raises(SystemExit, match="no setting 'train.hybrid-dflash.lrr'"):
+        config.apply_override(S, "train.hybrid-dflash.lrr=1")
+    with pytest.raises(SystemExit, match="is not JSON"):
+        config.apply_override(S, "block_size=eight")
