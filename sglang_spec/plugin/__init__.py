@@ -22,5 +22,6 @@ of the others), so the rest of ``sglang_spec`` stays importable without it.
 """
 
 from sglang_spec.plugin.algorithm import register
+from sglang_spec.plugin.config import MAX_VERIFY_WIDTH
 
-__all__ = ["register"]
+__all__ = ["MAX_VERIFY_WIDTH", "register"]
