@@ -9,7 +9,7 @@ refuses to import and a pure-torch ``sgl_kernel`` shim. SGLang 0.5.23 imports fl
 copy (never a real install); the paths they serve are unused with the kit's flags
 (``--sampling-backend pytorch``, Triton attention, no FP8 / GGUF / vision):
 
-    python benchmarks/gpu_kit_pin_edits.py /tmp/gpukit/site       # after `source .gpu-kit/setup.sh`
+    python e2e/gpu_kit_pin_edits.py /tmp/gpukit/site       # after `source .gpu-kit/setup.sh`
 
 ``--cpu-import-check SHIM`` (on a CPU machine, before spending device time) instead imports the
 server's modules from SITE as the kit would on the H200: ``torch.cuda`` reports an H200, SHIM (the
