@@ -98,6 +98,9 @@ class Committed:
 class DDTreeWorker(DFlashWorkerV2):
     """DDTREE speculative worker (SGLang V2 worker contract, overlap off)."""
 
+    # SGLANG_DDTREE_STAGE_TIMES: set in __init__ when on; it then wraps the stage methods.
+    stage_timer: StageTimer | None = None
+
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.config = runtime_config()
@@ -108,7 +111,6 @@ class DDTreeWorker(DFlashWorkerV2):
         why = adapter.unsupported_drafter_head(self)
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
-        self.stage_timer = None  # SGLANG_DDTREE_STAGE_TIMES: wraps the stage methods when on
         if self.config.stage_times_path is not None and get_parallel().tp_rank == 0:
             self.stage_timer = StageTimer(self.config.stage_times_path, self.config.verify_width)
             self.stage_timer.instrument(self)
