@@ -378,7 +378,10 @@ def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatc
         if running.is_set():  # C = 1 is written; C = 2 takes 12 x 150 ms
             os.kill(os.getpid(), signal.SIGTERM)
 
-    before = signal.getsignal(signal.SIGTERM)
+    def not_handled(signum, frame):  # noqa: ARG001 (what runs if the harness installed nothing)
+        raise AssertionError("the harness did not handle SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, not_handled)
     watcher = threading.Thread(target=terminate_during_the_second_level)
     watcher.start()
     try:
@@ -388,9 +391,35 @@ def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatc
     finally:
         running.clear()
         watcher.join()
+        assert signal.signal(signal.SIGTERM, before) is not_handled  # the harness restored it
     assert rc == 130 and log["interrupted"] is True
     assert [r["concurrency"] for r in recs] == [1]
     (call,) = started
     with pytest.raises(ProcessLookupError):
         os.kill(call["pid"], 0)
-    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+def test_group_alive_ignores_zombies():
+    """Server.stop waits for the old server's process group; a zombie (never reaped in some
+    containers) must not count as alive, a sleeping member must."""
+    import subprocess
+    import time
+
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        assert kit.group_alive(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not kit.group_alive(sleeper.pid)
+    quick = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # exited but not waited for: a zombie of this process
+        state = Path(f"/proc/{quick.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    assert state == "Z" and not kit.group_alive(quick.pid)
+    quick.wait()
