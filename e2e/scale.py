@@ -23,8 +23,10 @@ algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` 
 options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
 benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``stages``
 (DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
-``profile=C`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps at C,
-summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs).
+``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
+at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
+trace starts at the first decode batch of at least the smallest of these C, so each C's prompts
+must fit one prefill batch: C x 512 tokens <= SGLang's chunked prefill size).
 
 Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
 slowest start seen so far in this call, else ``--start-estimate``) and a first level fit; a level
@@ -80,7 +82,7 @@ class ServerSpec:
     acc: float | None = None
     tp: int | None = None
     flags: tuple[str, ...] = ()  # sorted FLAG_OPTIONS
-    profile: int | None = None
+    profile: tuple[int, ...] = ()
 
     @property
     def speculative(self) -> bool:
@@ -131,7 +133,7 @@ def parse_spec(text: str) -> ServerSpec:
             flags.add(opt)
         else:
             raise argparse.ArgumentTypeError(
-                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C, "
+                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C[,C], "
                 f"{', '.join(sorted(FLAG_OPTIONS))} (each once)"
             )
     spec = ServerSpec(
@@ -141,7 +143,7 @@ def parse_spec(text: str) -> ServerSpec:
         acc=_number(text, values, "acc", float, 1.0),
         tp=_number(text, values, "tp", int, 1),
         flags=tuple(sorted(flags)),
-        profile=_number(text, values, "profile", int, 1),
+        profile=_profile_levels(text, values.get("profile")),
     )
     max_budget = 255 if shape.hybrid else MAX_VERIFY_WIDTH - 1
     if spec.algorithm == "DDTREE" and spec.budget is None:
@@ -172,6 +174,20 @@ def _number(text: str, values: dict, name: str, kind: type, lo: float):
             f"server {text!r}: {name}={values[name]!r} must be a {kind.__name__} >= {lo:g}"
         )
     return v
+
+
+def _profile_levels(text: str, value: str | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    try:
+        levels = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: profile={value!r} must list concurrencies >= 1, e.g. profile=1,8"
+        )
+    return levels
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -230,8 +246,8 @@ def server_config(
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"
     if "stages" in spec.flags:
         env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
-    if spec.profile is not None:  # the decode trace starts once the batch holds all C requests
-        env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(spec.profile)
+    if spec.profile:  # a decode trace starts at the first batch of at least this many requests
+        env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(min(spec.profile))
     return kit.with_args(
         cfg, kit.kit_args(spec.speculative), ours, dict(args.server_arg or []), env=env
     )
@@ -331,7 +347,7 @@ class Run:
     def server(self, spec: ServerSpec, entry: dict) -> bool:
         args = self.args
         todo = [c for c in args.levels if self.level_key(spec, c) not in self.done]
-        if not todo and spec.profile is None:
+        if not todo and not spec.profile:
             entry["status"] = "done earlier"
             return True
         reserve = args.reserve
@@ -382,8 +398,7 @@ class Run:
                     **self.env,
                 }
                 self.levels(spec, srv.url, todo, server_fields, entry)
-                if spec.profile is not None:
-                    entry["profile"] = self.profile(spec, srv.url, info)
+                entry["profiles"] = [self.profile(spec, srv.url, info, c) for c in spec.profile]
             entry["status"] = "finished"
             return True
         except (kit.ServerFailed, kit.HarnessError, OSError, records.RecordError) as e:
@@ -449,17 +464,40 @@ class Run:
             )
             self.write_log()
 
-    def profile(self, spec: ServerSpec, url: str, info: dict) -> dict:
-        """A torch-profiler trace of a few decode steps at C = ``spec.profile``, summarised."""
+    def profile(self, spec: ServerSpec, url: str, info: dict, c: int) -> dict:
+        """A torch-profiler trace of a few decode steps at concurrency ``c``, summarised; the
+        outcome (a failure here does not fail the server: its levels are measured)."""
+        steps = self.args.profile_steps
+        mrr = info["max_running_requests"] or c
+        decode_steps = (self.args.new_tokens - 1) / (spec.acc or 1.0)
+        why = None
+        if c > mrr:
+            why = f"C = {c} > max_running_requests {mrr}"
+        elif decode_steps < steps + 1:
+            why = f"{decode_steps:.0f} decode steps < --profile-steps + 1"
+        elif self.remaining() - self.args.reserve < self.args.profile_estimate:
+            why = (
+                f"{self.remaining():.0f} s left, --profile-estimate {self.args.profile_estimate:g}"
+            )
+        if why:
+            return {"concurrency": c, "status": f"skipped: {why}"}
+        try:
+            summary = self.trace_level(spec, url, c, steps)
+        except (OSError, kit.HarnessError) as e:
+            return {"concurrency": c, "status": f"failed: {kit.http_error_text(e)}"}
+        if summary is None:
+            return {"concurrency": c, "status": "failed: no complete decode trace written"}
+        return {
+            "concurrency": c,
+            "status": "ok",
+            "verify_graph_replayed": summary["verify_graph_replayed"],
+        }
+
+    def trace_level(self, spec: ServerSpec, url: str, c: int, steps: int) -> dict | None:
+        """``/start_profile`` by stage (prefill, then ``steps`` decode batches), one level of C
+        requests, then the decode trace read and summarised into ``profiles/<slug>-C<c>.json``."""
         from e2e import trace
 
-        c, steps = spec.profile, self.args.profile_steps
-        mrr = info["max_running_requests"] or c
-        if c > mrr:
-            return {"status": f"skipped: C = {c} > max_running_requests {mrr}"}
-        decode_steps = (self.args.new_tokens - 1) / (spec.acc or 1.0)
-        if decode_steps < steps + 1:
-            return {"status": f"skipped: {decode_steps:.0f} decode steps < --profile-steps + 1"}
         folder = (self.out / "profiles" / f"{spec.slug}-C{c}").resolve()
         folder.mkdir(parents=True, exist_ok=True)
         kit.call(
@@ -488,7 +526,7 @@ class Run:
                     events = None
             time.sleep(1.0)
         if events is None:
-            return {"status": "failed: no complete decode trace written"}
+            return None
         summary = trace.summarize(events, steps)
         summary.update(server=spec.label, concurrency=c, trace=path.name)
         (folder.parent / f"{spec.slug}-C{c}.json").write_text(json.dumps(summary, indent=1))
@@ -496,7 +534,7 @@ class Run:
             if not (self.args.keep_traces and f == path):
                 f.unlink()
         print(trace.markdown(summary), flush=True)
-        return {"status": "ok", "verify_graph_replayed": summary["verify_graph_replayed"]}
+        return summary
 
 
 # ------------------------------------------------------------------------------------ stage times
@@ -586,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         "mamba-radix-cache-strategy=no_buffer",
     )
     ap.add_argument("--profile-steps", type=_positive(int), default=5)
+    ap.add_argument(
+        "--profile-estimate", type=_positive(float), default=60.0, help="s, one profiled level"
+    )
     ap.add_argument("--keep-traces", action="store_true", help="keep the raw decode traces")
     ap.add_argument("--models-dir", default="/tmp/e2e-models", help="where config dirs are written")
     ap.add_argument("--port", type=_positive(int), default=30000)

@@ -37,19 +37,20 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     ("text", "budget", "acc", "tp", "flags", "profile"),
     [
-        ("qwen3.6-27b:ar", None, None, None, (), None),
-        ("qwen3.6-27b:ddtree:b=15", 15, None, None, (), None),
-        ("qwen3.5-4b:nextn:acc=3.1:tp=2", None, 3.1, 2, (), None),
+        ("qwen3.6-27b:ar", None, None, None, (), ()),
+        ("qwen3.6-27b:ddtree:b=15", 15, None, None, (), ()),
+        ("qwen3.5-4b:nextn:acc=3.1:tp=2", None, 3.1, 2, (), ()),
         (
             "qwen3-8b:ddtree:stages:b=63:no-overlap:profile=8",
             63,
             None,
             None,
             ("no-overlap", "stages"),
-            8,
+            (8,),
         ),
-        ("qwen3.6-27b:ddtree:b=255", 255, None, None, (), None),
-        ("qwen3-8b:ddtree:b=1023", 1023, None, None, (), None),
+        ("qwen3-8b:dflash:profile=1,8", None, None, None, (), (1, 8)),
+        ("qwen3.6-27b:ddtree:b=255", 255, None, None, (), ()),
+        ("qwen3-8b:ddtree:b=1023", 1023, None, None, (), ()),
     ],
 )
 def test_parse_spec(text, budget, acc, tp, flags, profile):
@@ -85,6 +86,8 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
         ("qwen3.6-27b:dflash:overlap", "bad option 'overlap'"),
         ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
+        ("qwen3.6-27b:ar:profile=1,x", "profile='1,x' must list concurrencies >= 1"),
+        ("qwen3.6-27b:ar:profile=0", "profile='0' must list concurrencies >= 1"),
     ],
 )
 def test_parse_spec_refuses(text, says):
@@ -229,7 +232,7 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     rc, recs, started, log = _run(
         tmp_path,
         monkeypatch,
-        ["qwen3.6-27b:ar", "qwen3.6-27b:ddtree:b=15:acc=3:stages:profile=2"],
+        ["qwen3.6-27b:ar", "qwen3.6-27b:ddtree:b=15:acc=3:stages:profile=2,1"],
         "--profile-steps",
         "3",
     )
@@ -239,7 +242,7 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert ar_argv[ar_argv.index("--model-path") + 1] == str(tmp_path / "models/qwen3.6-27b/target")
     assert dd_argv[dd_argv.index("--speculative-num-draft-tokens") + 1] == "16"
     assert started[1]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
-    assert started[1]["env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert started[1]["env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "1"
     assert "SGLANG_SIMULATE_ACC_LEN" not in started[0]["env"]
 
     assert [(r["algorithm"], r["concurrency"]) for r in recs] == [
@@ -284,7 +287,11 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert prof["verify_graph_replayed"] is True and prof["steps"] == 3
     assert prof["gpu_ms_per_step"] == pytest.approx(7.0)
     assert not list((tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2").iterdir())
-    assert log["servers"][1]["profile"] == {"status": "ok", "verify_graph_replayed": True}
+    assert log["servers"][1]["profiles"] == [
+        {"concurrency": 2, "status": "ok", "verify_graph_replayed": True},
+        {"concurrency": 1, "status": "ok", "verify_graph_replayed": True},
+    ]
+    assert (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C1.json").exists()
 
 
 def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
