@@ -417,7 +417,8 @@ class Run:
         """JIT compilation and first-use allocations before anything is timed."""
         n = min(max(todo or [1]), info["max_running_requests"] or 1)
         for count in sorted({1, n}):
-            generate(url, prompts(count, ("warmup", count), self.args.prompt_len), 8, 300)
+            ids = prompts(count, ("warmup", count), self.args.prompt_len)
+            generate(url, ids, 8, min(300.0, self.remaining() - self.args.reserve))
 
     def levels(self, spec, url, todo, server_fields, entry) -> None:
         args, prev = self.args, None

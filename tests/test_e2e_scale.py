@@ -430,3 +430,32 @@ def test_group_alive_ignores_zombies():
         time.sleep(0.05)
     assert state == "Z" and not kit.group_alive(quick.pid)
     quick.wait()
+
+
+def test_plugin_install_in_the_kit_and_outside(monkeypatch):
+    site = kit.sglang_site()
+    assert (site / "sglang" / "__init__.py").is_file()
+    ran = []
+    monkeypatch.setattr(kit.subprocess, "run", lambda cmd, **kw: ran.append((cmd, kw)))
+    monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
+    assert kit.install_plugin() == f"installed {kit.REPO} into {site}"
+    ((cmd, kw),) = ran
+    # --upgrade: a warm machine keeps the previous call's copy, which --target alone would keep
+    assert cmd[1:] == [
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--upgrade",
+        "--target",
+        str(site),
+        str(kit.REPO),
+    ]
+    assert kw["check"] is True
+    monkeypatch.delenv("SGLANG_KIT_FLAGS")
+    assert kit.install_plugin() == "plugin entry point already registered"
+    monkeypatch.setattr(kit.importlib.metadata, "entry_points", lambda group: [])  # noqa: ARG005
+    with pytest.raises(kit.HarnessError, match="pip install -e '.\\[sglang\\]'"):
+        kit.install_plugin()
