@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -155,6 +156,16 @@ def parse_flags(argv: list[str]) -> dict:
         else:
             out[key] = [*out[key], tok] if isinstance(out[key], list) else [out[key], tok]
     return out
+
+
+def server_arg(text: str) -> tuple[str, object]:
+    """argparse type of ``--server-arg``: ``FLAG=VALUE``, ``FLAG`` (bare) or ``FLAG=`` (drop it)."""
+    name, eq, value = text.partition("=")
+    if not name or name.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"--server-arg {text!r}: valid: FLAG=VALUE, FLAG or FLAG= (no leading --)"
+        )
+    return name, (value or None) if eq else True
 
 
 def kit_args(speculative: bool) -> dict:

@@ -213,16 +213,6 @@ def _positive(kind: type):
     return parse
 
 
-def _server_arg(text: str) -> tuple[str, object]:
-    """``FLAG=VALUE``, ``FLAG`` (a bare flag) or ``FLAG=`` (drop the flag)."""
-    name, eq, value = text.partition("=")
-    if not name or name.startswith("-"):
-        raise argparse.ArgumentTypeError(
-            f"--server-arg {text!r}: valid: FLAG=VALUE, FLAG or FLAG= (no leading --)"
-        )
-    return name, (value or None) if eq else True
-
-
 # ------------------------------------------------------------------------------------ server config
 def server_config(
     spec: ServerSpec, target: Path, drafter: Path, args: argparse.Namespace, out: Path
@@ -619,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--server-arg",
         action="append",
-        type=_server_arg,
+        type=kit.server_arg,
         metavar="FLAG=VALUE",
         help="SGLang flag for every server, over everything else (FLAG= drops one), e.g. "
         "mamba-radix-cache-strategy=no_buffer",

@@ -179,7 +179,7 @@ def test_server_arg_empty_value_drops_a_flag(tmp_path):
     ns = argparse.Namespace(
         graph_bs=8,
         max_running_requests=8,
-        server_arg=[scale._server_arg("disable-overlap-schedule=")],
+        server_arg=[kit.server_arg("disable-overlap-schedule=")],
     )
     cfg = scale.server_config(
         scale.parse_spec("qwen3-8b:ddtree:b=15"), tmp_path, tmp_path, ns, tmp_path

@@ -94,7 +94,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _main(tmp_path, monkeypatch, servers, **env):
+def _main(tmp_path, monkeypatch, servers, *extra, **env):
     for k in KIT:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
@@ -122,12 +122,13 @@ def _main(tmp_path, monkeypatch, servers, **env):
             str(_free_port()),
             "--launcher",
             f"{{python}} {FAKE}",
+            *extra,
         ]
     )
 
 
 def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
-    assert _main(tmp_path, monkeypatch, "ar,ddtree16+graphs") == 0
+    assert _main(tmp_path, monkeypatch, "ar,ddtree16+graphs", "--server-arg", "tp-size=2") == 0
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert [r["label"] for r in results] == ["ar", "ddtree16+graphs"]
     assert all(r["ok"] for r in results)
@@ -137,6 +138,7 @@ def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
         "--speculative-num-draft-tokens 17" in dd["cmd"]
         and "--cuda-graph-max-bs-decode 8" in dd["cmd"]
     )
+    assert all("--tp-size 2" in r["cmd"] for r in results)  # --server-arg reaches every server
     out = capsys.readouterr().out
     assert "| ddtree16+graphs | yes | yes | 1.25 |" in out
     assert not list((tmp_path / "out").glob("server_*.log"))  # successful servers drop their log
