@@ -318,6 +318,13 @@ class Run:
             "concurrency": c,
         }
 
+    def profiled(self, spec: ServerSpec, c: int) -> bool:
+        """A summary of this profile exists in this run or beside a ``--resume`` results file
+        (``python -m e2e.scale_report`` copies them to ``<results>/profiles/``)."""
+        name = f"{spec.slug}-C{c}.json"
+        folders = [self.out] + [Path(f).with_suffix("") for f in self.args.resume or []]
+        return any((d / "profiles" / name).exists() for d in folders)
+
     def write_log(self) -> None:
         self.log["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         (self.out / "run.json").write_text(json.dumps(self.log, indent=1) + "\n")
@@ -337,7 +344,8 @@ class Run:
     def server(self, spec: ServerSpec, entry: dict) -> bool:
         args = self.args
         todo = [c for c in args.levels if self.level_key(spec, c) not in self.done]
-        if not todo and not spec.profile:
+        to_profile = [c for c in spec.profile if not self.profiled(spec, c)]
+        if not todo and not to_profile:
             entry["status"] = "done earlier"
             return True
         reserve = args.reserve
@@ -388,7 +396,7 @@ class Run:
                     **self.env,
                 }
                 self.levels(spec, srv.url, todo, server_fields, entry)
-                entry["profiles"] = [self.profile(spec, srv.url, info, c) for c in spec.profile]
+                entry["profiles"] = [self.profile(spec, srv.url, info, c) for c in to_profile]
             entry["status"] = "finished"
             return True
         except (kit.ServerFailed, kit.HarnessError, OSError, records.RecordError) as e:

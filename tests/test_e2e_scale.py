@@ -310,6 +310,32 @@ def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
     assert started[1]["argv"][started[1]["argv"].index("--speculative-algorithm") + 1] == "DFLASH"
 
 
+def test_resume_skips_profiles_already_taken(tmp_path, monkeypatch):
+    from e2e import scale_report
+
+    server = "qwen3-8b:dflash:profile=1,2"
+    _run(tmp_path, monkeypatch, [server], "--profile-steps", "3", out="first")
+    results = tmp_path / "merged.json"
+    assert scale_report.main([str(results), str(tmp_path / "first")]) == 0
+    (tmp_path / "merged/profiles/qwen3-8b_dflash-C2.json").unlink()
+    rc, recs, started, log = _run(
+        tmp_path,
+        monkeypatch,
+        [server],
+        "--profile-steps",
+        "3",
+        "--resume",
+        str(results),
+        out="second",
+    )
+    assert rc == 0 and len(started) == 2 and recs == []  # restarted for the missing profile only
+    assert [p["concurrency"] for p in log["servers"][0]["profiles"]] == [2]
+    _, _, started, log = _run(
+        tmp_path, monkeypatch, [server], "--resume", str(results), out="first"
+    )
+    assert len(started) == 2 and log["servers"][0]["status"] == "done earlier"
+
+
 def test_time_budget_skips_what_cannot_finish(tmp_path, monkeypatch):
     rc, recs, started, log = _run(
         tmp_path, monkeypatch, ["qwen3-8b:ar"], "--time-budget", "30", "--start-estimate", "40"
