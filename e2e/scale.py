@@ -357,7 +357,8 @@ class Run:
             print(f"[scale] {spec.label}: {entry['status']}", flush=True)
             return True
         target, drafter = write_model_dirs(spec.shape, args.models_dir)
-        (self.out / "stages").mkdir(exist_ok=True)
+        if "stages" in spec.flags:  # the worker appends its step times there
+            (self.out / "stages").mkdir(exist_ok=True)
         cfg = server_config(spec, target, drafter, args, self.out)
         width = verify_width(cfg, spec, drafter)
         log_path = self.out / "logs" / f"{spec.slug}.log"
@@ -370,7 +371,7 @@ class Run:
             launcher=args.launcher,
         )
         entry["command"] = " ".join(srv.cmd)
-        entry["env"] = {k: v for k, v in cfg.env.items()}
+        entry["env"] = dict(cfg.env)
         print(f"[scale] === {spec.label}: {entry['command']}", flush=True)
         try:
             with srv:

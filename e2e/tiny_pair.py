@@ -18,7 +18,8 @@ It writes ``e2e.json`` (texts, token ids, meta_info per request) and prints a ta
 server, whether its greedy output is identical to the AR server's, tokens per verify step
 (``completion_tokens / spec_verify_ct``), the acceptance histogram, and the wall time. Without
 ``--target`` it builds the kit's tiny random Qwen3.5-hybrid target and random DFlash drafter.
-A failing server prints its log tail and the run continues with the next one.
+A failing server prints its log tail and the run continues with the next one (exit code 1);
+SIGTERM (``timeout``) stops the running server, and ``e2e.json`` keeps the servers that finished.
 """
 
 from __future__ import annotations
