@@ -596,7 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--servers", nargs="+", type=parse_spec, required=True, metavar="SPEC")
+    ap.add_argument(
+        "--servers",
+        nargs="+",
+        type=parse_spec,
+        required=True,
+        metavar="SPEC",
+        help="SHAPE:ALGORITHM[:OPTION...] in the order to run, e.g. qwen3.6-27b:ddtree:b=15:acc=4 "
+        "(shapes, algorithms and options: the module docstring / e2e/README.md)",
+    )
     ap.add_argument("--out", required=True, help="run directory (scale.json, run.json, logs/)")
     ap.add_argument("--resume", nargs="*", help="results JSON files whose levels are not re-run")
     ap.add_argument("--levels", type=_levels, default=LEVELS, help="concurrencies, e.g. 1,2,4")
