@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -157,6 +158,16 @@ def parse_flags(argv: list[str]) -> dict:
     return out
 
 
+def server_arg(text: str) -> tuple[str, object]:
+    """argparse type of ``--server-arg``: ``FLAG=VALUE``, ``FLAG`` (bare) or ``FLAG=`` (drop it)."""
+    name, eq, value = text.partition("=")
+    if not name or name.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"--server-arg {text!r}: valid: FLAG=VALUE, FLAG or FLAG= (no leading --)"
+        )
+    return name, (value or None) if eq else True
+
+
 def kit_args(speculative: bool) -> dict:
     """The flags the kit requires (empty outside the kit); the draft flags only for speculation."""
     flags = os.environ.get("SGLANG_KIT_FLAGS", "").split()
@@ -265,6 +276,19 @@ def parse_server_log(text: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------ one server
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count: they hold no GPU
+    memory, and a container's PID 1 may never reap them). Linux ``/proc``; elsewhere False."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # the process ended while we looked
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            return True
+    return False
+
+
 class ServerFailed(RuntimeError):
     """The server exited or never became healthy (``Server.tail()`` says why)."""
 
@@ -337,11 +361,7 @@ class Server:
             return
         stop_process_group(self.proc, self.stop_timeout)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                break
+        while group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         self.proc = None
 

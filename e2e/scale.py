@@ -23,8 +23,10 @@ algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` 
 options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
 benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``stages``
 (DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
-``profile=C`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps at C,
-summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs).
+``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
+at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
+trace starts at the first decode batch of at least the smallest of these C, so each C's prompts
+must fit one prefill batch: C x 512 tokens <= SGLang's chunked prefill size).
 
 Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
 slowest start seen so far in this call, else ``--start-estimate``) and a first level fit; a level
@@ -80,7 +82,7 @@ class ServerSpec:
     acc: float | None = None
     tp: int | None = None
     flags: tuple[str, ...] = ()  # sorted FLAG_OPTIONS
-    profile: int | None = None
+    profile: tuple[int, ...] = ()
 
     @property
     def speculative(self) -> bool:
@@ -131,7 +133,7 @@ def parse_spec(text: str) -> ServerSpec:
             flags.add(opt)
         else:
             raise argparse.ArgumentTypeError(
-                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C, "
+                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C[,C], "
                 f"{', '.join(sorted(FLAG_OPTIONS))} (each once)"
             )
     spec = ServerSpec(
@@ -141,7 +143,7 @@ def parse_spec(text: str) -> ServerSpec:
         acc=_number(text, values, "acc", float, 1.0),
         tp=_number(text, values, "tp", int, 1),
         flags=tuple(sorted(flags)),
-        profile=_number(text, values, "profile", int, 1),
+        profile=_profile_levels(text, values.get("profile")),
     )
     max_budget = 255 if shape.hybrid else MAX_VERIFY_WIDTH - 1
     if spec.algorithm == "DDTREE" and spec.budget is None:
@@ -174,6 +176,20 @@ def _number(text: str, values: dict, name: str, kind: type, lo: float):
     return v
 
 
+def _profile_levels(text: str, value: str | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    try:
+        levels = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: profile={value!r} must list concurrencies >= 1, e.g. profile=1,8"
+        )
+    return levels
+
+
 def _levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(x) for x in text.split(",") if x.strip())
@@ -195,16 +211,6 @@ def _positive(kind: type):
         return v
 
     return parse
-
-
-def _server_arg(text: str) -> tuple[str, object]:
-    """``FLAG=VALUE``, ``FLAG`` (a bare flag) or ``FLAG=`` (drop the flag)."""
-    name, eq, value = text.partition("=")
-    if not name or name.startswith("-"):
-        raise argparse.ArgumentTypeError(
-            f"--server-arg {text!r}: valid: FLAG=VALUE, FLAG or FLAG= (no leading --)"
-        )
-    return name, (value or None) if eq else True
 
 
 # ------------------------------------------------------------------------------------ server config
@@ -230,8 +236,8 @@ def server_config(
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"
     if "stages" in spec.flags:
         env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
-    if spec.profile is not None:  # the decode trace starts once the batch holds all C requests
-        env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(spec.profile)
+    if spec.profile:  # a decode trace starts at the first batch of at least this many requests
+        env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(min(spec.profile))
     return kit.with_args(
         cfg, kit.kit_args(spec.speculative), ours, dict(args.server_arg or []), env=env
     )
@@ -312,6 +318,13 @@ class Run:
             "concurrency": c,
         }
 
+    def profiled(self, spec: ServerSpec, c: int) -> bool:
+        """A summary of this profile exists in this run or beside a ``--resume`` results file
+        (``python -m e2e.scale_report`` copies them to ``<results>/profiles/``)."""
+        name = f"{spec.slug}-C{c}.json"
+        folders = [self.out] + [Path(f).with_suffix("") for f in self.args.resume or []]
+        return any((d / "profiles" / name).exists() for d in folders)
+
     def write_log(self) -> None:
         self.log["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         (self.out / "run.json").write_text(json.dumps(self.log, indent=1) + "\n")
@@ -331,7 +344,8 @@ class Run:
     def server(self, spec: ServerSpec, entry: dict) -> bool:
         args = self.args
         todo = [c for c in args.levels if self.level_key(spec, c) not in self.done]
-        if not todo and spec.profile is None:
+        to_profile = [c for c in spec.profile if not self.profiled(spec, c)]
+        if not todo and not to_profile:
             entry["status"] = "done earlier"
             return True
         reserve = args.reserve
@@ -343,7 +357,8 @@ class Run:
             print(f"[scale] {spec.label}: {entry['status']}", flush=True)
             return True
         target, drafter = write_model_dirs(spec.shape, args.models_dir)
-        (self.out / "stages").mkdir(exist_ok=True)
+        if "stages" in spec.flags:  # the worker appends its step times there
+            (self.out / "stages").mkdir(exist_ok=True)
         cfg = server_config(spec, target, drafter, args, self.out)
         width = verify_width(cfg, spec, drafter)
         log_path = self.out / "logs" / f"{spec.slug}.log"
@@ -356,7 +371,7 @@ class Run:
             launcher=args.launcher,
         )
         entry["command"] = " ".join(srv.cmd)
-        entry["env"] = {k: v for k, v in cfg.env.items()}
+        entry["env"] = dict(cfg.env)
         print(f"[scale] === {spec.label}: {entry['command']}", flush=True)
         try:
             with srv:
@@ -382,8 +397,7 @@ class Run:
                     **self.env,
                 }
                 self.levels(spec, srv.url, todo, server_fields, entry)
-                if spec.profile is not None:
-                    entry["profile"] = self.profile(spec, srv.url, info)
+                entry["profiles"] = [self.profile(spec, srv.url, info, c) for c in to_profile]
             entry["status"] = "finished"
             return True
         except (kit.ServerFailed, kit.HarnessError, OSError, records.RecordError) as e:
@@ -402,7 +416,8 @@ class Run:
         """JIT compilation and first-use allocations before anything is timed."""
         n = min(max(todo or [1]), info["max_running_requests"] or 1)
         for count in sorted({1, n}):
-            generate(url, prompts(count, ("warmup", count), self.args.prompt_len), 8, 300)
+            ids = prompts(count, ("warmup", count), self.args.prompt_len)
+            generate(url, ids, 8, min(300.0, self.remaining() - self.args.reserve))
 
     def levels(self, spec, url, todo, server_fields, entry) -> None:
         args, prev = self.args, None
@@ -449,17 +464,40 @@ class Run:
             )
             self.write_log()
 
-    def profile(self, spec: ServerSpec, url: str, info: dict) -> dict:
-        """A torch-profiler trace of a few decode steps at C = ``spec.profile``, summarised."""
+    def profile(self, spec: ServerSpec, url: str, info: dict, c: int) -> dict:
+        """A torch-profiler trace of a few decode steps at concurrency ``c``, summarised; the
+        outcome (a failure here does not fail the server: its levels are measured)."""
+        steps = self.args.profile_steps
+        mrr = info["max_running_requests"] or c
+        decode_steps = (self.args.new_tokens - 1) / (spec.acc or 1.0)
+        why = None
+        if c > mrr:
+            why = f"C = {c} > max_running_requests {mrr}"
+        elif decode_steps < steps + 1:
+            why = f"{decode_steps:.0f} decode steps < --profile-steps + 1"
+        elif self.remaining() - self.args.reserve < self.args.profile_estimate:
+            why = (
+                f"{self.remaining():.0f} s left, --profile-estimate {self.args.profile_estimate:g}"
+            )
+        if why:
+            return {"concurrency": c, "status": f"skipped: {why}"}
+        try:
+            summary = self.trace_level(spec, url, c, steps)
+        except (OSError, kit.HarnessError) as e:
+            return {"concurrency": c, "status": f"failed: {kit.http_error_text(e)}"}
+        if summary is None:
+            return {"concurrency": c, "status": "failed: no complete decode trace written"}
+        return {
+            "concurrency": c,
+            "status": "ok",
+            "verify_graph_replayed": summary["verify_graph_replayed"],
+        }
+
+    def trace_level(self, spec: ServerSpec, url: str, c: int, steps: int) -> dict | None:
+        """``/start_profile`` by stage (prefill, then ``steps`` decode batches), one level of C
+        requests, then the decode trace read and summarised into ``profiles/<slug>-C<c>.json``."""
         from e2e import trace
 
-        c, steps = spec.profile, self.args.profile_steps
-        mrr = info["max_running_requests"] or c
-        if c > mrr:
-            return {"status": f"skipped: C = {c} > max_running_requests {mrr}"}
-        decode_steps = (self.args.new_tokens - 1) / (spec.acc or 1.0)
-        if decode_steps < steps + 1:
-            return {"status": f"skipped: {decode_steps:.0f} decode steps < --profile-steps + 1"}
         folder = (self.out / "profiles" / f"{spec.slug}-C{c}").resolve()
         folder.mkdir(parents=True, exist_ok=True)
         kit.call(
@@ -488,7 +526,7 @@ class Run:
                     events = None
             time.sleep(1.0)
         if events is None:
-            return {"status": "failed: no complete decode trace written"}
+            return None
         summary = trace.summarize(events, steps)
         summary.update(server=spec.label, concurrency=c, trace=path.name)
         (folder.parent / f"{spec.slug}-C{c}.json").write_text(json.dumps(summary, indent=1))
@@ -496,7 +534,7 @@ class Run:
             if not (self.args.keep_traces and f == path):
                 f.unlink()
         print(trace.markdown(summary), flush=True)
-        return {"status": "ok", "verify_graph_replayed": summary["verify_graph_replayed"]}
+        return summary
 
 
 # ------------------------------------------------------------------------------------ stage times
@@ -558,7 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--servers", nargs="+", type=parse_spec, required=True, metavar="SPEC")
+    ap.add_argument(
+        "--servers",
+        nargs="+",
+        type=parse_spec,
+        required=True,
+        metavar="SPEC",
+        help="SHAPE:ALGORITHM[:OPTION...] in the order to run, e.g. qwen3.6-27b:ddtree:b=15:acc=4 "
+        "(shapes, algorithms and options: the module docstring / e2e/README.md)",
+    )
     ap.add_argument("--out", required=True, help="run directory (scale.json, run.json, logs/)")
     ap.add_argument("--resume", nargs="*", help="results JSON files whose levels are not re-run")
     ap.add_argument("--levels", type=_levels, default=LEVELS, help="concurrencies, e.g. 1,2,4")
@@ -580,12 +626,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--server-arg",
         action="append",
-        type=_server_arg,
+        type=kit.server_arg,
         metavar="FLAG=VALUE",
         help="SGLang flag for every server, over everything else (FLAG= drops one), e.g. "
         "mamba-radix-cache-strategy=no_buffer",
     )
     ap.add_argument("--profile-steps", type=_positive(int), default=5)
+    ap.add_argument(
+        "--profile-estimate", type=_positive(float), default=60.0, help="s, one profiled level"
+    )
     ap.add_argument("--keep-traces", action="store_true", help="keep the raw decode traces")
     ap.add_argument("--models-dir", default="/tmp/e2e-models", help="where config dirs are written")
     ap.add_argument("--port", type=_positive(int), default=30000)

@@ -18,7 +18,8 @@ It writes ``e2e.json`` (texts, token ids, meta_info per request) and prints a ta
 server, whether its greedy output is identical to the AR server's, tokens per verify step
 (``completion_tokens / spec_verify_ct``), the acceptance histogram, and the wall time. Without
 ``--target`` it builds the kit's tiny random Qwen3.5-hybrid target and random DFlash drafter.
-A failing server prints its log tail and the run continues with the next one.
+A failing server prints its log tail and the run continues with the next one (exit code 1);
+SIGTERM (``timeout``) stops the running server, and ``e2e.json`` keeps the servers that finished.
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     return (m.group(1) or "ddtree", int(m.group(2)) if m.group(2) else None, set(mods))
 
 
-def server_config(spec: str, target: str, drafter: str, block: int, graph_bs: int) -> ServerConfig:
+def server_config(
+    spec: str, target: str, drafter: str, block: int, graph_bs: int, extra: dict | None = None
+) -> ServerConfig:
     """The tiny pair's config for the algorithm with the paths, budget, block size and CUDA-graph
-    setting of this server, under the kit's flags (graph_bs: decode batches up to it, 0 = eager)."""
+    setting of this server, under the kit's flags (graph_bs: decode batches up to it, 0 = eager),
+    and ``extra`` (``--server-arg``) over everything."""
     algorithm, budget, mods = parse_server(spec)
     cfg = kit.config_for(CONFIGS, algorithm)
     ours: dict = {"model-path": target}
@@ -107,7 +111,8 @@ def server_config(spec: str, target: str, drafter: str, block: int, graph_bs: in
             }
         )
     graphs = kit.graph_args(graph_bs if "graphs" in mods else 0)
-    return kit.with_args(cfg, kit.kit_args(cfg.algorithm in kit.SPECULATIVE), ours, graphs)
+    speculative = cfg.algorithm in kit.SPECULATIVE
+    return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})
 
 
 def run_server(label, cfg, prompts, args):
@@ -307,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        type=kit.server_arg,
+        metavar="FLAG=VALUE",
+        help="SGLang flag for every server, over everything else (FLAG= drops one), e.g. tp-size=2",
+    )
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument(
         "--launcher", default=DEFAULT_LAUNCHER, help="server command prefix ({python} = this one)"
@@ -339,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"=== {spec}", flush=True)
             # +patched stays applied for later servers
             patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
-            cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs)
+            extra = dict(args.server_arg or [])
+            cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs, extra)
             results.append(run_server(spec, cfg, prompts, args))
             if patch_report:
                 results[-1]["patch_apply"] = patch_report

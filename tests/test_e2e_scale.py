@@ -37,19 +37,20 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     ("text", "budget", "acc", "tp", "flags", "profile"),
     [
-        ("qwen3.6-27b:ar", None, None, None, (), None),
-        ("qwen3.6-27b:ddtree:b=15", 15, None, None, (), None),
-        ("qwen3.5-4b:nextn:acc=3.1:tp=2", None, 3.1, 2, (), None),
+        ("qwen3.6-27b:ar", None, None, None, (), ()),
+        ("qwen3.6-27b:ddtree:b=15", 15, None, None, (), ()),
+        ("qwen3.5-4b:nextn:acc=3.1:tp=2", None, 3.1, 2, (), ()),
         (
             "qwen3-8b:ddtree:stages:b=63:no-overlap:profile=8",
             63,
             None,
             None,
             ("no-overlap", "stages"),
-            8,
+            (8,),
         ),
-        ("qwen3.6-27b:ddtree:b=255", 255, None, None, (), None),
-        ("qwen3-8b:ddtree:b=1023", 1023, None, None, (), None),
+        ("qwen3-8b:dflash:profile=1,8", None, None, None, (), (1, 8)),
+        ("qwen3.6-27b:ddtree:b=255", 255, None, None, (), ()),
+        ("qwen3-8b:ddtree:b=1023", 1023, None, None, (), ()),
     ],
 )
 def test_parse_spec(text, budget, acc, tp, flags, profile):
@@ -85,6 +86,8 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
         ("qwen3.6-27b:dflash:overlap", "bad option 'overlap'"),
         ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
+        ("qwen3.6-27b:ar:profile=1,x", "profile='1,x' must list concurrencies >= 1"),
+        ("qwen3.6-27b:ar:profile=0", "profile='0' must list concurrencies >= 1"),
     ],
 )
 def test_parse_spec_refuses(text, says):
@@ -176,7 +179,7 @@ def test_server_arg_empty_value_drops_a_flag(tmp_path):
     ns = argparse.Namespace(
         graph_bs=8,
         max_running_requests=8,
-        server_arg=[scale._server_arg("disable-overlap-schedule=")],
+        server_arg=[kit.server_arg("disable-overlap-schedule=")],
     )
     cfg = scale.server_config(
         scale.parse_spec("qwen3-8b:ddtree:b=15"), tmp_path, tmp_path, ns, tmp_path
@@ -229,7 +232,7 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     rc, recs, started, log = _run(
         tmp_path,
         monkeypatch,
-        ["qwen3.6-27b:ar", "qwen3.6-27b:ddtree:b=15:acc=3:stages:profile=2"],
+        ["qwen3.6-27b:ar", "qwen3.6-27b:ddtree:b=15:acc=3:stages:profile=2,1"],
         "--profile-steps",
         "3",
     )
@@ -239,7 +242,7 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert ar_argv[ar_argv.index("--model-path") + 1] == str(tmp_path / "models/qwen3.6-27b/target")
     assert dd_argv[dd_argv.index("--speculative-num-draft-tokens") + 1] == "16"
     assert started[1]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
-    assert started[1]["env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "2"
+    assert started[1]["env"]["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] == "1"
     assert "SGLANG_SIMULATE_ACC_LEN" not in started[0]["env"]
 
     assert [(r["algorithm"], r["concurrency"]) for r in recs] == [
@@ -284,7 +287,11 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert prof["verify_graph_replayed"] is True and prof["steps"] == 3
     assert prof["gpu_ms_per_step"] == pytest.approx(7.0)
     assert not list((tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2").iterdir())
-    assert log["servers"][1]["profile"] == {"status": "ok", "verify_graph_replayed": True}
+    assert log["servers"][1]["profiles"] == [
+        {"concurrency": 2, "status": "ok", "verify_graph_replayed": True},
+        {"concurrency": 1, "status": "ok", "verify_graph_replayed": True},
+    ]
+    assert (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C1.json").exists()
 
 
 def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
@@ -301,6 +308,32 @@ def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
     assert log["servers"][0]["status"] == "done earlier"
     assert {r["algorithm"] for r in recs} == {"DFLASH"}
     assert started[1]["argv"][started[1]["argv"].index("--speculative-algorithm") + 1] == "DFLASH"
+
+
+def test_resume_skips_profiles_already_taken(tmp_path, monkeypatch):
+    from e2e import scale_report
+
+    server = "qwen3-8b:dflash:profile=1,2"
+    _run(tmp_path, monkeypatch, [server], "--profile-steps", "3", out="first")
+    results = tmp_path / "merged.json"
+    assert scale_report.main([str(results), str(tmp_path / "first")]) == 0
+    (tmp_path / "merged/profiles/qwen3-8b_dflash-C2.json").unlink()
+    rc, recs, started, log = _run(
+        tmp_path,
+        monkeypatch,
+        [server],
+        "--profile-steps",
+        "3",
+        "--resume",
+        str(results),
+        out="second",
+    )
+    assert rc == 0 and len(started) == 2 and recs == []  # restarted for the missing profile only
+    assert [p["concurrency"] for p in log["servers"][0]["profiles"]] == [2]
+    _, _, started, log = _run(
+        tmp_path, monkeypatch, [server], "--resume", str(results), out="first"
+    )
+    assert len(started) == 2 and log["servers"][0]["status"] == "done earlier"
 
 
 def test_time_budget_skips_what_cannot_finish(tmp_path, monkeypatch):
@@ -378,7 +411,10 @@ def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatc
         if running.is_set():  # C = 1 is written; C = 2 takes 12 x 150 ms
             os.kill(os.getpid(), signal.SIGTERM)
 
-    before = signal.getsignal(signal.SIGTERM)
+    def not_handled(signum, frame):  # noqa: ARG001 (what runs if the harness installed nothing)
+        raise AssertionError("the harness did not handle SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, not_handled)
     watcher = threading.Thread(target=terminate_during_the_second_level)
     watcher.start()
     try:
@@ -388,9 +424,64 @@ def test_sigterm_stops_the_server_and_keeps_finished_levels(tmp_path, monkeypatc
     finally:
         running.clear()
         watcher.join()
+        assert signal.signal(signal.SIGTERM, before) is not_handled  # the harness restored it
     assert rc == 130 and log["interrupted"] is True
     assert [r["concurrency"] for r in recs] == [1]
     (call,) = started
     with pytest.raises(ProcessLookupError):
         os.kill(call["pid"], 0)
-    assert signal.getsignal(signal.SIGTERM) == before  # the previous handler is back
+
+
+def test_group_alive_ignores_zombies():
+    """Server.stop waits for the old server's process group; a zombie (never reaped in some
+    containers) must not count as alive, a sleeping member must."""
+    import subprocess
+    import time
+
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        assert kit.group_alive(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not kit.group_alive(sleeper.pid)
+    quick = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # exited but not waited for: a zombie of this process
+        state = Path(f"/proc/{quick.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    assert state == "Z" and not kit.group_alive(quick.pid)
+    quick.wait()
+
+
+def test_plugin_install_in_the_kit_and_outside(monkeypatch):
+    site = kit.sglang_site()
+    assert (site / "sglang" / "__init__.py").is_file()
+    ran = []
+    monkeypatch.setattr(kit.subprocess, "run", lambda cmd, **kw: ran.append((cmd, kw)))
+    monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
+    assert kit.install_plugin() == f"installed {kit.REPO} into {site}"
+    ((cmd, kw),) = ran
+    # --upgrade: a warm machine keeps the previous call's copy, which --target alone would keep
+    assert cmd[1:] == [
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--upgrade",
+        "--target",
+        str(site),
+        str(kit.REPO),
+    ]
+    assert kw["check"] is True
+    monkeypatch.delenv("SGLANG_KIT_FLAGS")
+    assert kit.install_plugin() == "plugin entry point already registered"
+    monkeypatch.setattr(kit.importlib.metadata, "entry_points", lambda group: [])  # noqa: ARG005
+    with pytest.raises(kit.HarnessError, match="pip install -e '.\\[sglang\\]'"):
+        kit.install_plugin()

@@ -48,6 +48,8 @@ def test_transformers_reads_the_target(name, dirs):
     assert (cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size) == (kv, hd, inter)
     assert cfg.vocab_size == vocab
     assert cfg.layer_types.count("linear_attention") == n_gdn
+    # The real checkpoints' MTP field (SGLang's NEXTN draft always builds one MTP layer).
+    assert getattr(cfg, "mtp_num_hidden_layers", 0) == (1 if SHAPES[name].has_mtp else 0)
     if n_gdn:
         assert cfg.layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (16, gdn_v)

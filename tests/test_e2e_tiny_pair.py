@@ -24,17 +24,18 @@ KIT = {
     "--grammar-backend none --mem-fraction-static 0.3 --skip-server-warmup",
     "SGLANG_KIT_SPEC_FLAGS": "--speculative-draft-attention-backend triton",
 }
-# tools/gpu_e2e.py's server_flags() before the move (kit flags + these), for drafter D, block 16.
+# tools/gpu_e2e.py's server_flags() before the move (kit flags + these), for drafter D of block 8
+# (not the configs' 16, so that a block size the harness failed to set would show).
 OLD_SPEC_FLAGS = {
     "ar": "",
     "nextn": "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
     "--speculative-num-draft-tokens 4 --mamba-radix-cache-strategy extra_buffer",
     "dflash": "--speculative-algorithm DFLASH --speculative-draft-model-path D "
-    "--speculative-num-draft-tokens 16",
+    "--speculative-num-draft-tokens 8",
     "ddtree64": "--speculative-algorithm DDTREE --speculative-draft-model-path D "
-    "--speculative-num-draft-tokens 65 --speculative-dflash-block-size 16",
+    "--speculative-num-draft-tokens 65 --speculative-dflash-block-size 8",
     "ddtree4": "--speculative-algorithm DDTREE --speculative-draft-model-path D "
-    "--speculative-num-draft-tokens 5 --speculative-dflash-block-size 16",
+    "--speculative-num-draft-tokens 5 --speculative-dflash-block-size 8",
 }
 
 
@@ -53,7 +54,7 @@ def test_flags_are_the_hard_coded_ones_of_before(name, graphs, monkeypatch):
     for k, v in KIT.items():
         monkeypatch.setenv(k, v)
     spec = name + ("+graphs" if graphs else "")
-    cfg = tiny_pair.server_config(spec, "T", "D", block=16, graph_bs=8)
+    cfg = tiny_pair.server_config(spec, "T", "D", block=8, graph_bs=8)
     cmd = kit.Server(cfg, "/dev/null", port=30000).cmd
     got = kit.parse_flags(cmd[cmd.index("--model-path") :])
     assert got.pop("model-path") == "T"
@@ -93,7 +94,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _main(tmp_path, monkeypatch, servers, **env):
+def _main(tmp_path, monkeypatch, servers, *extra, **env):
     for k in KIT:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.jsonl"))
@@ -121,12 +122,13 @@ def _main(tmp_path, monkeypatch, servers, **env):
             str(_free_port()),
             "--launcher",
             f"{{python}} {FAKE}",
+            *extra,
         ]
     )
 
 
 def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
-    assert _main(tmp_path, monkeypatch, "ar,ddtree16+graphs") == 0
+    assert _main(tmp_path, monkeypatch, "ar,ddtree16+graphs", "--server-arg", "tp-size=2") == 0
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert [r["label"] for r in results] == ["ar", "ddtree16+graphs"]
     assert all(r["ok"] for r in results)
@@ -136,6 +138,7 @@ def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
         "--speculative-num-draft-tokens 17" in dd["cmd"]
         and "--cuda-graph-max-bs-decode 8" in dd["cmd"]
     )
+    assert all("--tp-size 2" in r["cmd"] for r in results)  # --server-arg reaches every server
     out = capsys.readouterr().out
     assert "| ddtree16+graphs | yes | yes | 1.25 |" in out
     assert not list((tmp_path / "out").glob("server_*.log"))  # successful servers drop their log
