@@ -576,6 +576,12 @@ def test_chain_tree_accepts_at_least_the_chain(bs, L, V, extra, seed, style, p_c
     chain_len, chain_out = walk_with(build_chain(x, roots), targets)
     assert (tree_len >= chain_len).all(), (tree_len, chain_len)
     for b in range(bs):
+        # DFLASH's accepted length, from the oracle's chain: its longest prefix the target agrees with
+        chain = O.oracle_chain(O.logq64(x[b]))
+        agree = 0
+        while agree < L and chain[agree] == targets[b](chain[:agree]):
+            agree += 1
+        assert int(chain_len[b]) == agree, (b, int(chain_len[b]), agree)
         rollout = []
         for _ in range(len(tree_out[b])):
             rollout.append(targets[b](tuple(rollout)))
