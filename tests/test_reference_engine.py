@@ -8,6 +8,7 @@ ranks it first or second at each depth: that drives deep acceptance, branches of
 KV compaction of long paths and GDN commits at deep nodes.
 """
 
+import math
 import warnings
 
 import pytest
@@ -23,7 +24,7 @@ from transformers import (
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
 
 from sglang_spec.dflash import DFlashDrafter
-from sglang_spec.reference import generate
+from sglang_spec.reference import generate, tokens_per_step
 
 pytestmark = pytest.mark.filterwarnings("ignore::sglang_spec.dflash.DrafterConfigWarning")
 
@@ -172,6 +173,38 @@ def test_stop_tokens_and_stats(target):
     assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
     assert all(s.emitted == s.accepted + 1 for s in out.steps[:-1])
     assert sum(out.depth_histogram.values()) == len(out.steps)
+
+
+@pytest.mark.parametrize("limit", ["max_new_tokens", "stop token"])
+def test_tokens_per_step_counts_like_sglang(target, limit):
+    """Tokens a step produces past ``max_new_tokens`` or after a stop token are discarded, as SGLang
+    discards them: ``emitted`` counts the kept ones and ``tokens_per_step`` is SGLang's
+    ``completion_tokens / spec_verify_ct`` (the prefill's token counted, the prefill not a step)."""
+    drafter = make_drafter(target, 8)
+    results = []
+    for i, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt])
+        ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+        assert ar.tokens_per_step == 1.0 and len(ar.steps) == NEW - 1
+        prophet = ProphetDrafter(drafter, prompt + ar.tokens, seed=i)
+        if limit == "max_new_tokens":
+            new, stops, end = NEW - 3, [], NEW - 3
+        else:  # the token AR emits first latest in its output
+            stop = max(set(ar.tokens), key=ar.tokens.index)
+            new, stops, end = NEW, [stop], ar.tokens.index(stop) + 1
+        out = generate(target, prophet, ids, "dflash", max_new_tokens=new, stop_token_ids=stops)
+        assert out.tokens == ar.tokens[:end]
+        assert sum(s.emitted for s in out.steps) == len(out.tokens) - 1
+        assert out.tokens_per_step == len(out.tokens) / len(out.steps)
+        results.append(out)
+    # The prophet's deep acceptance makes some last step produce more than it may keep.
+    assert any(r.steps[-1].emitted < r.steps[-1].accepted + 1 for r in results)
+    pooled = sum(len(r.tokens) for r in results) / sum(len(r.steps) for r in results)
+    assert tokens_per_step(results) == pooled
+    with pytest.raises(ValueError, match="AR mixed with others"):
+        tokens_per_step([ar, *results])
+    one = generate(target, drafter, torch.tensor([PROMPTS[0]]), "dflash", max_new_tokens=1)
+    assert one.steps == [] and math.isnan(one.tokens_per_step)  # SGLang reports no accept length
 
 
 def _exact_ar_marginals(target, prompt, vocab, temperature):
