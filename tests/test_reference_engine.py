@@ -11,9 +11,10 @@ KV compaction of long paths and GDN commits at deep nodes.
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, ncx2
 from transformers import (
     Qwen3_5TextConfig,
     Qwen3Config,
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::sglang_spec.dflash.DrafterConfi
 V, H, LAYERS = 48, 32, 4
 
 
-def make_target(kind: str, vocab: int = V) -> torch.nn.Module:
+def make_target(kind: str, vocab: int = V, sharpen: float = 4.0) -> torch.nn.Module:
     torch.manual_seed(0)
     common = dict(
         vocab_size=vocab,
@@ -67,7 +68,7 @@ def make_target(kind: str, vocab: int = V) -> torch.nn.Module:
             )
         )
     with torch.no_grad():  # sharpen the output so greedy decoding is far from argmax ties
-        model.lm_head.weight.mul_(4.0)
+        model.lm_head.weight.mul_(sharpen)
     return model.eval()
 
 
@@ -207,31 +208,70 @@ def test_tokens_per_step_counts_like_sglang(target, limit):
     assert one.steps == [] and math.isnan(one.tokens_per_step)  # SGLang reports no accept length
 
 
-def _exact_ar_marginals(target, prompt, vocab, temperature):
-    """Exact distribution of the 2nd and 3rd generated tokens under AR sampling at ``temperature``."""
+def _prefix_logits(target, prompt, vocab):
+    """Float64 target logits after the prompt [V], after prompt + t1 [V, V], after prompt + t1 t2 [V, V, V]."""
     with torch.no_grad():
         ids = torch.tensor([prompt])
-        p1 = (target(ids).logits[0, -1] / temperature).softmax(-1)
         seqs = torch.cat((ids.expand(vocab, -1), torch.arange(vocab)[:, None]), dim=1)
-        p2_given = (target(seqs).logits[:, -1] / temperature).softmax(-1)  # [t1, t2]
-        joint12 = p1[:, None] * p2_given
         seqs3 = torch.cat(
             (seqs.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(vocab)[:, None]), dim=1
         )
-        p3_given = (target(seqs3).logits[:, -1] / temperature).softmax(-1).view(vocab, vocab, vocab)
-        p3 = (joint12[:, :, None] * p3_given).sum((0, 1))
-    return joint12.sum(0), p3
+        return (
+            target(ids).logits[0, -1].double(),
+            target(seqs).logits[:, -1].double(),
+            target(seqs3).logits[:, -1].double().view(vocab, vocab, vocab),
+        )
+
+
+def _joint_laws(logits, temperature, walk_temperature):
+    """Exact laws of the pairs (t1, t2) and (t2, t3), flattened [V * V], when the prefill samples t1
+    at ``temperature`` and the walks sample t2, t3 at ``walk_temperature`` (inf: uniform)."""
+    l1, l2, l3 = logits
+    p1 = (l1 / temperature).softmax(-1)
+    p12 = p1[:, None] * (l2 / walk_temperature).softmax(-1)
+    p123 = p12[:, :, None] * (l3 / walk_temperature).softmax(-1)
+    return p12.flatten().numpy(), p123.sum(0).flatten().numpy()
+
+
+def _pool(p: np.ndarray, n: int) -> list[np.ndarray]:
+    """Bins for a chi-square test of ``n`` draws from ``p``: those expecting >= 5 alone, the rest pooled."""
+    big = np.flatnonzero(p * n >= 5)
+    rest = np.flatnonzero(p * n < 5)
+    return [np.array([i]) for i in big] + ([rest] if len(rest) else [])
+
+
+def _chi2_power(p: np.ndarray, q: np.ndarray, n: int, bins, alpha: float) -> float:
+    """Power of the chi-square test of H0 = ``p`` over ``bins`` when the draws come from ``q``
+    (noncentral chi-square with noncentrality ``n * sum((q - p)^2 / p)``)."""
+    pb = np.array([p[b].sum() for b in bins])
+    qb = np.array([q[b].sum() for b in bins])
+    df = len(bins) - 1
+    return float(ncx2.sf(chi2.isf(alpha, df), df, n * ((qb - pb) ** 2 / pb).sum()))
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
 def test_sampling_is_lossless(kind):
-    """At T > 0, DDTREE's 2nd and 3rd tokens follow AR's exact marginals (chi-square over seeds)."""
-    vocab, temperature, n = 8, 1.5, 600
-    target = make_target(kind, vocab)
+    """At T > 0, DDTREE's tokens follow AR's exact law: chi-square of the pairs (t1, t2) and (t2, t3).
+
+    t1 comes from the prefill, t2 and t3 from tree walks (accepted drafts or bonus tokens), over
+    ``n`` seeds. The target's head is sharpened (x16) so that at T = 0.5 its next-token laws are
+    peaked and differ from prefix to prefix. Power (exact noncentral chi-square at alpha = 1e-3,
+    bins expecting < 5 draws pooled), n = 300: a walk that ignores the temperature (samples at
+    T = 1) fails with probability >= 0.9999 for both targets, a walk that ignores the target
+    (all-zero logits: uniform) with probability 1 - 1e-12. The test asserts those powers, so a
+    change of model or parameters cannot silently weaken it.
+    """
+    vocab, temperature, n, alpha = 8, 0.5, 300, 1e-3
+    target = make_target(kind, vocab, sharpen=16.0)
     drafter = make_drafter(target, 4)
     prompt = [1, 5, 2, 7, 3]
-    p2, p3 = _exact_ar_marginals(target, prompt, vocab, temperature)
-    counts2, counts3, deep = torch.zeros(vocab), torch.zeros(vocab), 0
+    logits = _prefix_logits(target, prompt, vocab)
+    exact = _joint_laws(logits, temperature, temperature)
+    bins = [_pool(p, n) for p in exact]
+    for wrong, floor in ((1.0, 0.9999), (float("inf"), 1 - 1e-12)):
+        for p, q, b in zip(exact, _joint_laws(logits, temperature, wrong), bins):
+            assert _chi2_power(p, q, n, b, alpha) >= floor, (wrong, floor)
+    counts12, counts23, deep = np.zeros(vocab * vocab), np.zeros(vocab * vocab), 0
     for seed in range(n):
         out = generate(
             target,
@@ -243,14 +283,17 @@ def test_sampling_is_lossless(kind):
             temperature=temperature,
             seed=seed,
         )
-        counts2[out.tokens[1]] += 1
-        counts3[out.tokens[2]] += 1
+        t1, t2, t3 = out.tokens
+        counts12[t1 * vocab + t2] += 1
+        counts23[t2 * vocab + t3] += 1
         deep += out.steps[0].accepted >= 1
     assert deep > n // 10, (
         "the tree should often accept drafts, else the test exercises only the bonus path"
     )
-    for counts, p in ((counts2, p2), (counts3, p3)):
-        assert chisquare(counts.numpy(), (p * n).numpy()).pvalue > 1e-3, (counts, p * n)
+    for counts, p, b in zip((counts12, counts23), exact, bins):
+        observed = [counts[i].sum() for i in b]
+        expected = [p[i].sum() * n for i in b]
+        assert chisquare(observed, expected).pvalue > alpha, (observed, expected)
 
 
 def test_bad_arguments_are_named(target):
