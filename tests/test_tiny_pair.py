@@ -7,44 +7,25 @@ trained drafters must be accepted as often as measured (a count, not a timing: f
 deterministic float32 values).
 """
 
-import json
 import os
-import warnings
-from pathlib import Path
 
 import pytest
-import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from loadtests.prompts import load_prompts
-from sglang_spec.dflash import DFlashDrafter, DrafterConfigWarning
 from sglang_spec.reference import engine, generate, tokens_per_step
+from sglang_spec.reference.tiny_pair import FIXTURES as ROOT
+from sglang_spec.reference.tiny_pair import heldout_prompts, load_pair
 from sglang_spec.tree import build_ddtree
 
-ROOT = Path(__file__).resolve().parents[1] / "sglang_spec" / "fixtures" / "tiny-pair"
-PROMPTS = [
-    json.loads(line)["prompt"] for line in (ROOT / "heldout_prompts.jsonl").read_text().splitlines()
-]
+PROMPTS = heldout_prompts()
 NEW = 48
 
 
-@pytest.fixture(
-    scope="module",
-    params=[("hybrid", "hybrid-dflash"), ("qwen3", "qwen3-dflash")],
-    ids=["hybrid", "qwen3"],
-)
+@pytest.fixture(scope="module", params=["hybrid", "qwen3"])
 def pair(request):
     os.environ["HF_HUB_OFFLINE"] = "1"
-    target_dir, drafter_dir = (ROOT / name for name in request.param)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", DrafterConfigWarning
-        )  # explicit layer ids differ from SGLang's default
-        drafter = DFlashDrafter.from_pretrained(str(drafter_dir), target, tokenizer=tokenizer)
-    return request.param[0], tokenizer, target, drafter
+    return (request.param, *load_pair(request.param))
 
 
 def test_fixtures_are_small_and_complete():
@@ -59,6 +40,17 @@ def test_fixtures_are_small_and_complete():
     )
     assert len(PROMPTS) >= 30 and len(set(PROMPTS)) == len(PROMPTS)
     assert load_prompts("heldout") == PROMPTS  # the load generator's "heldout" set is this file
+    assert heldout_prompts(3) == PROMPTS[:: len(PROMPTS) // 3][:3]  # spread over the modules
+    assert heldout_prompts(3, spread=False) == PROMPTS[:3]
+
+
+def test_loader_names_a_bad_pair_or_directory(tmp_path):
+    with pytest.raises(ValueError, match=r"pair must be one of \['hybrid', 'qwen3'\]; got 'nope'"):
+        load_pair("nope")
+    (tmp_path / "hybrid").mkdir()
+    (tmp_path / "hybrid" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="hybrid-dflash.*must hold hybrid, hybrid-dflash/"):
+        load_pair("hybrid", tmp_path)
 
 
 def test_pair_loads_offline(pair):
