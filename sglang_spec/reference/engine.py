@@ -74,7 +74,7 @@ class GenerateResult:
 
     @property
     def tokens_per_step(self) -> float:
-        """SGLang's ``completion_tokens / spec_verify_ct`` for this generation (see :func:`tokens_per_step`)."""
+        """SGLang's ``completion_tokens / spec_verify_ct`` here (see :func:`tokens_per_step`)."""
         return tokens_per_step([self])
 
     @property
@@ -88,12 +88,12 @@ class GenerateResult:
 
 
 def tokens_per_step(results: Sequence[GenerateResult]) -> float:
-    """SGLang's acceptance length pooled over generations: ``sum(completion_tokens) / sum(spec_verify_ct)``.
+    """SGLang's acceptance length, pooled: ``sum(completion_tokens) / sum(spec_verify_ct)``.
 
     ``completion_tokens`` is every token returned -- the prefill's first token and a stop token that
     ended the generation included, nothing past ``max_new_tokens`` -- and ``spec_verify_ct`` the
-    verify steps (the prefill forward excluded), as SGLang's ``spec_accept_length``. AR has no verify
-    step: its figure is 1.0, one token per decode forward. NaN when no verify step ran.
+    verify steps (the prefill forward excluded), as SGLang's ``spec_accept_length``. AR has no
+    verify step: its figure is 1.0, one token per decode forward. NaN when no verify step ran.
     """
     if all(r.method == "ar" for r in results):
         return 1.0
