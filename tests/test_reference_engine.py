@@ -156,7 +156,9 @@ def test_greedy_with_deep_acceptance_equals_ar(target, block_size):
             if method == "ddtree" and budget == 64:
                 # Decoys outrank the truth 30% of the time: only a tree recovers those depths.
                 assert max(out.depth_histogram) >= block_size - 2, out.depth_histogram
-                assert out.tokens_per_step > 2.0, out.depth_histogram
+                # Measured (deterministic): 4.0 at block 4, 4.8-6.0 at block 8; floor 5 % below.
+                floor = 0.95 * {4: 4.0, 8: 4.8}[block_size]
+                assert out.tokens_per_step >= floor, out.depth_histogram
         assert sum(s.emitted for s in out.steps) >= NEW - 1
 
 
