@@ -9,6 +9,7 @@ KV compaction of long paths and GDN commits at deep nodes.
 """
 
 import math
+import time
 import warnings
 
 import numpy as np
@@ -169,11 +170,15 @@ def test_stop_tokens_and_stats(target):
     stop = ar.tokens[5]
     first = ar.tokens.index(stop)
     prophet = ProphetDrafter(drafter, PROMPTS[0] + ar.tokens, seed=0)
+    start = time.perf_counter()
     out = generate(
         target, prophet, ids, "ddtree", budget=16, max_new_tokens=NEW, stop_token_ids=[stop]
     )
     assert out.tokens == ar.tokens[: first + 1] and out.finish_reason == "stop"
     assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
+    wall = time.perf_counter() - start
+    assert all(t > 0 for s in out.steps for t in s.seconds.values())
+    assert sum(out.stage_seconds.values()) <= wall, (out.stage_seconds, wall)
     assert all(s.emitted == s.accepted + 1 for s in out.steps[:-1])
     assert sum(out.depth_histogram.values()) == len(out.steps)
 
@@ -298,6 +303,29 @@ def test_sampling_is_lossless(kind):
         observed = [counts[i].sum() for i in b]
         expected = [p[i].sum() * n for i in b]
         assert chisquare(observed, expected).pvalue > alpha, (observed, expected)
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+def test_temperature_one_samples(method):
+    """T = 1 samples the target's own distribution, it is not greedy: over seeds, the first token
+    (prefill) varies, and so do the tokens after a given first token (decode steps / tree walks)."""
+    target = make_target("qwen3", 8, sharpen=16.0)
+    drafter = make_drafter(target, 4)
+    after = {}
+    for seed in range(16):
+        tokens = generate(
+            target,
+            drafter,
+            torch.tensor([[1, 5, 2]]),
+            method,
+            budget=8,
+            max_new_tokens=4,
+            temperature=1.0,
+            seed=seed,
+        ).tokens
+        after.setdefault(tokens[0], set()).add(tuple(tokens[1:]))
+    assert len(after) > 1, after
+    assert max(len(rest) for rest in after.values()) > 1, after
 
 
 def test_bad_arguments_are_named(target):

@@ -121,12 +121,8 @@ class _Clock:
 
 
 def _attention_cache_layers(cache):
-    """The cache layers that hold attention K/V (the others are linear-attention states)."""
-    return [
-        layer
-        for layer in cache.layers
-        if hasattr(layer, "keys") and not hasattr(layer, "recurrent_states")
-    ]
+    """The cache layers that hold attention K/V (transformers' GDN ``LinearAttentionLayer`` has none)."""
+    return [layer for layer in cache.layers if hasattr(layer, "keys")]
 
 
 class _Decoder:
