@@ -1,15 +1,21 @@
-"""``python -m benchmarks.acceptance``: tokens per target forward of DFLASH and DDTREE (reference engine).
+"""``python -m benchmarks.acceptance``: tokens per verify step of DFLASH and DDTREE (reference engine).
 
 Greedy decoding of held-out prompts (function signatures + docstrings from standard-library modules
 the tiny pairs never saw) with the bundled trained pairs, on the CPU. For every pair and method it
-prints the mean tokens committed per verify step (accepted drafts + the bonus token, i.e. SGLang's
-``completion_tokens / spec_verify_ct``), the mean accepted drafts, and checks every output is
-identical to AR's. The figures are a property of the pair, not of the hardware.
+prints SGLang's acceptance length ``completion_tokens / spec_verify_ct`` pooled over the prompts
+(``sglang_spec.reference.tokens_per_step``: every returned token, the prefill's first one and an EOS
+included, nothing past ``--max-new-tokens``, over the verify steps; AR = 1), SGLang's
+``spec_num_correct_drafts / spec_verify_ct`` (accepted drafts per step, counted whole on a last step
+cut short), and checks every output is identical to AR's. Generation stops at the tokenizer's EOS,
+as an SGLang request without ``ignore_eos`` does. The figures are a property of the pair, not of the
+hardware. ``--json PATH`` also writes the rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 import warnings
@@ -30,70 +36,95 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--fixtures", default=str(FIXTURES))
+    p.add_argument("--json", help="also write the rows to this JSON file")
 
 
 def run(args) -> int:
     import torch
 
-    from sglang_spec.reference import generate, tiny_pair
+    from sglang_spec.reference import generate, tiny_pair, tokens_per_step
 
     torch.set_num_threads(1)
     rows = []
     for pair in args.pairs.split(","):
         tokenizer, target, drafter = tiny_pair.load_pair(pair, args.fixtures)
         prompts = tiny_pair.heldout_prompts(args.num_prompts, args.fixtures)
+        stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         runs = [("ar", 0, 1.0), ("dflash", 0, 1.0)] + [
             ("ddtree", b, tau) for tau in args.tree_temperatures for b in args.budgets
         ]
         ar_tokens = []
         for method, budget, tau in runs:
             t0 = time.perf_counter()
-            emitted = steps = accepted = 0
-            same = 0
-            for i, prompt in enumerate(prompts):
-                ids = tokenizer(prompt, return_tensors="pt").input_ids
-                res = generate(
+            results = [
+                generate(
                     target,
                     drafter,
-                    ids,
+                    tokenizer(prompt, return_tensors="pt").input_ids,
                     method,
                     budget=budget,
                     tree_temperature=tau,
                     max_new_tokens=args.max_new_tokens,
+                    stop_token_ids=stops,
                 )
-                emitted += sum(s.emitted for s in res.steps)
-                steps += len(res.steps)
-                accepted += sum(s.accepted for s in res.steps)
-                if method == "ar":
-                    ar_tokens.append(res.tokens)
-                same += res.tokens == ar_tokens[i]
+                for prompt in prompts
+            ]
+            if method == "ar":
+                ar_tokens = [r.tokens for r in results]
+            steps = sum(len(r.steps) for r in results)
             label = method
             if method == "ddtree":
                 label = f"ddtree({budget})" if tau == 1.0 else f"ddtree({budget}, tree T={tau:g})"
-            row = (
-                pair,
-                label,
-                emitted / steps,
-                accepted / steps,
-                f"{same}/{len(prompts)}",
-                time.perf_counter() - t0,
-            )
+            row = {
+                "pair": pair,
+                "method": label,
+                "completion_tokens": sum(len(r.tokens) for r in results),
+                "verify_steps": None if method == "ar" else steps,
+                "tokens_per_step": tokens_per_step(results),
+                "correct_drafts_per_step": None
+                if method == "ar"
+                else sum(s.accepted for r in results for s in r.steps) / steps,
+                "identical_to_ar": sum(r.tokens == a for r, a in zip(results, ar_tokens)),
+                "prompts": len(prompts),
+                "seconds": time.perf_counter() - t0,
+            }
             rows.append(row)
             print(
-                f"{pair} {label}: {row[2]:.3f} tokens/step, identical {row[4]}, {row[5]:.0f}s",
+                f"{pair} {label}: {row['tokens_per_step']:.3f} tokens/step, identical "
+                f"{row['identical_to_ar']}/{len(prompts)}, {row['seconds']:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )
-    dflash = {r[0]: r[2] for r in rows if r[1] == "dflash"}
-    print(
-        f"# Tokens per verify step, reference engine, greedy, {args.num_prompts} held-out prompts x "
-        f"{args.max_new_tokens} new tokens (python -m benchmarks.acceptance)"
-    )
-    print("| pair | method | tokens/step | accepted drafts/step | vs DFLASH | identical to AR |")
-    print("|---|---|---|---|---|---|")
-    for pair, label, tps, acc, same, _ in rows:
-        print(f"| {pair} | {label} | {tps:.3f} | {acc:.3f} | {tps / dflash[pair]:.2f}x | {same} |")
+    _print_table(rows, args)
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        settings["fixtures"] = os.path.relpath(args.fixtures)  # no machine paths in results
+        with open(args.json, "w") as f:
+            json.dump({"settings": settings, "rows": rows}, f, indent=1)
     return 0
+
+
+def _print_table(rows, args) -> None:
+    dflash = {r["pair"]: r["tokens_per_step"] for r in rows if r["method"] == "dflash"}
+    print(
+        f"# Tokens per verify step, reference engine, greedy, {args.num_prompts} held-out prompts, "
+        f"up to {args.max_new_tokens} new tokens, stop at EOS (python -m benchmarks.acceptance)"
+    )
+    print(
+        "| pair | method | completion tokens | verify steps | tokens/step | correct drafts/step "
+        "| vs DFLASH | identical to AR |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        steps = "-" if r["verify_steps"] is None else r["verify_steps"]
+        drafts = r["correct_drafts_per_step"]
+        drafts = "-" if drafts is None else f"{drafts:.3f}"
+        ratio = r["tokens_per_step"] / dflash[r["pair"]] if r["pair"] in dflash else float("nan")
+        print(
+            f"| {r['pair']} | {r['method']} | {r['completion_tokens']} | {steps} "
+            f"| {r['tokens_per_step']:.3f} | {drafts} | {ratio:.2f}x "
+            f"| {r['identical_to_ar']}/{r['prompts']} |"
+        )
 
 
 def main(argv=None) -> int:

@@ -77,7 +77,7 @@ def run(args) -> int:
         flush=True,
     )
     stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    totals = {m: {"tokens": 0, "steps": 0, "seconds": 0.0, "same": 0} for m in methods}
+    totals = {m: {"results": [], "seconds": 0.0, "same": 0} for m in methods}
     reference: dict[int, list[int]] = {}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
     for i, prompt in enumerate(prompts):
@@ -99,8 +99,7 @@ def run(args) -> int:
             )
             secs = time.perf_counter() - start
             t = totals[m]
-            t["tokens"] += sum(s.emitted for s in res.steps)
-            t["steps"] += len(res.steps)
+            t["results"].append(res)
             t["seconds"] += secs
             if m == "ar":
                 reference[i] = res.tokens
@@ -120,6 +119,8 @@ def run(args) -> int:
 
 
 def _report(methods, totals, reference, n, args) -> None:
+    from sglang_spec.reference import tokens_per_step  # SGLang's completion_tokens / spec_verify_ct
+
     ar_secs = totals["ar"]["seconds"] if "ar" in totals else None
     print("\n| method | tokens/step | wall s | speed-up vs AR | identical to AR |")
     print("|---|---|---|---|---|")
@@ -134,7 +135,7 @@ def _report(methods, totals, reference, n, args) -> None:
         else:
             same = "yes" if t["same"] == n else f"NO ({t['same']}/{n})"
         print(
-            f"| {label} | {t['tokens'] / max(1, t['steps']):.2f} | {t['seconds']:.1f} | {speed} | {same} |"
+            f"| {label} | {tokens_per_step(t['results']):.2f} | {t['seconds']:.1f} | {speed} | {same} |"
         )
 
 

@@ -14,12 +14,18 @@ step is five named stages, each timed:
    node's GDN states, and drafter context from the target features at the accepted node indices.
 
 Works for transformers' Qwen3 (pure attention) and Qwen3.5-text / Qwen3-Next (GDN hybrid) targets.
+
+Tokens are counted as SGLang counts them: a step's tokens past ``max_new_tokens`` or after a stop
+token are discarded (``StepStats.emitted`` counts what was kept), and :func:`tokens_per_step` is
+SGLang's ``completion_tokens / spec_verify_ct``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +50,13 @@ STAGES = ("draft", "build", "verify", "walk", "commit")
 
 @dataclass
 class StepStats:
-    """One decode step: drafts accepted (root excluded), nodes verified (root included), tokens emitted."""
+    """One decode step (a verify step, or an AR decode forward).
+
+    ``accepted``: drafts the walk accepted (root excluded; SGLang's ``num_correct_drafts``, counted
+    whole even past ``max_new_tokens``); ``verified``: nodes the target verified (root included);
+    ``emitted``: tokens the step added to the output -- ``accepted + 1`` except on a last step cut
+    short by ``max_new_tokens`` or a stop token, whose tokens past the cut are discarded.
+    """
 
     accepted: int
     verified: int
@@ -54,15 +66,16 @@ class StepStats:
 
 @dataclass
 class GenerateResult:
-    tokens: list[int]  # generated token ids (the prompt excluded)
+    tokens: list[int]  # generated token ids (the prompt excluded), the prefill's token first
+    method: str  # one of METHODS
     steps: list[StepStats] = field(default_factory=list)
     prefill_seconds: float = 0.0
     finish_reason: str = "length"  # "length" or "stop"
 
     @property
     def tokens_per_step(self) -> float:
-        """Mean tokens committed per target forward after the prefill (AR: 1.0)."""
-        return sum(s.emitted for s in self.steps) / max(1, len(self.steps))
+        """SGLang's ``completion_tokens / spec_verify_ct`` here (see :func:`tokens_per_step`)."""
+        return tokens_per_step([self])
 
     @property
     def depth_histogram(self) -> dict[int, int]:
@@ -72,6 +85,22 @@ class GenerateResult:
     @property
     def stage_seconds(self) -> dict[str, float]:
         return {k: sum(s.seconds.get(k, 0.0) for s in self.steps) for k in STAGES}
+
+
+def tokens_per_step(results: Sequence[GenerateResult]) -> float:
+    """SGLang's acceptance length, pooled: ``sum(completion_tokens) / sum(spec_verify_ct)``.
+
+    ``completion_tokens`` is every token returned -- the prefill's first token and a stop token that
+    ended the generation included, nothing past ``max_new_tokens`` -- and ``spec_verify_ct`` the
+    verify steps (the prefill forward excluded), as SGLang's ``spec_accept_length``. AR has no
+    verify step: its figure is 1.0, one token per decode forward. NaN when no verify step ran.
+    """
+    if all(r.method == "ar" for r in results):
+        return 1.0
+    if any(r.method == "ar" for r in results):
+        raise ValueError("tokens_per_step pools results of one method; got AR mixed with others")
+    steps = sum(len(r.steps) for r in results)
+    return sum(len(r.tokens) for r in results) / steps if steps else math.nan
 
 
 class _Clock:
@@ -92,12 +121,8 @@ class _Clock:
 
 
 def _attention_cache_layers(cache):
-    """The cache layers that hold attention K/V (the others are linear-attention states)."""
-    return [
-        layer
-        for layer in cache.layers
-        if hasattr(layer, "keys") and not hasattr(layer, "recurrent_states")
-    ]
+    """The cache layers that hold attention K/V (transformers' GDN ``LinearAttentionLayer`` has none)."""
+    return [layer for layer in cache.layers if hasattr(layer, "keys")]
 
 
 class _Decoder:
@@ -218,7 +243,6 @@ class _Decoder:
 
 
 def _check_args(
-    target,
     drafter,
     input_ids,
     method,
@@ -277,7 +301,6 @@ def generate(
     in ``stop_token_ids`` (which is kept) or at ``max_new_tokens``.
     """
     _check_args(
-        target,
         drafter,
         input_ids,
         method,
@@ -302,7 +325,7 @@ def generate(
     stops = {int(t) for t in stop_token_ids}
     t0 = time.perf_counter()
     tokens = [dec.prefill(input_ids.to(target.device))]
-    result = GenerateResult(tokens=tokens, prefill_seconds=time.perf_counter() - t0)
+    result = GenerateResult(tokens, method, prefill_seconds=time.perf_counter() - t0)
     while tokens[-1] not in stops and len(tokens) < max_new_tokens:
         clock = _Clock()
         if method == "ar":
@@ -310,9 +333,17 @@ def generate(
                 emitted, accepted, verified = dec.ar_step(tokens[-1]), 0, 1
         else:
             emitted, accepted, verified = dec.spec_step(tokens[-1], clock)
-        result.steps.append(StepStats(accepted, verified, len(emitted), clock.seconds))
-        for tok in emitted:
-            if len(tokens) < max_new_tokens and tokens[-1] not in stops:
-                tokens.append(tok)
+        kept = _kept(emitted, max_new_tokens - len(tokens), stops)
+        tokens += kept
+        result.steps.append(StepStats(accepted, verified, len(kept), clock.seconds))
     result.finish_reason = "stop" if tokens[-1] in stops else "length"
     return result
+
+
+def _kept(emitted: list[int], room: int, stops: set[int]) -> list[int]:
+    """The prefix of a step's tokens that SGLang keeps: at most ``room``, through the first stop."""
+    kept = emitted[:room]
+    for i, tok in enumerate(kept):
+        if tok in stops:
+            return kept[: i + 1]
+    return kept
