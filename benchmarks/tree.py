@@ -9,29 +9,40 @@ reference port's host-side build (which includes its own top-K) and walk
 three stages replayed from one CUDA graph: the GPU time without Python's launch overhead, which is
 what a captured decode step pays; the eager columns include that overhead. Before timing it checks
 that our tree selects the same scores as the reference port and that both walks agree; on CUDA it
-also checks the Triton kernels against the torch implementation. Times are medians, in µs.
+also checks the Triton kernels against the torch implementation (the same calls on the CPU).
+Times are medians, in µs; "ref / ours" is a ratio.
+
+The default grid is the full one on CUDA (bs 1 8 32 64 x budgets 16 32 64 128 256, about a
+minute on the H200) and a small one on the CPU (bs 1 4 x budgets 16 64, 3 repeats: under a
+minute); ``--bs``/``--budgets``/``--repeats`` choose another.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
-import torch
+from sglang_spec.cli_args import Parser, int_range, nonneg_int, positive_int, usage_error
+from sglang_spec.plugin import MAX_VERIFY_WIDTH
 
-from benchmarks.reference_port import reference_build, reference_walk
-from benchmarks.timing import median_timer
-from sglang_spec.tree import build_ddtree_from_topk, draft_topk, sglang_tree_abi, walk_greedy
-from sglang_spec.tree.build import _select_torch
-from sglang_spec.tree.layout import _child_links, ancestor_mask
-from sglang_spec.tree.walk import _walk_torch
+PROG = "python -m benchmarks.tree"
+# device type -> (batch sizes, budgets, timed repeats per cell)
+GRIDS = {"cuda": ([1, 8, 32, 64], [16, 32, 64, 128, 256], 50), "cpu": ([1, 4], [16, 64], 3)}
+MAX_LOGITS = 2**31  # elements of the random drafter logits [bs, L, V] (8 GiB of float32)
 
 
-def _targets_following_tree(tree, vocab: int, gen: torch.Generator) -> torch.Tensor:
+def _targets_following_tree(tree, vocab: int, gen):
     """Target tokens that agree with the tree along its best-scored branch about 70% of the time."""
+    import torch
+
+    from sglang_spec.tree import TreeMaskMode, sglang_tree_abi
+
     bs, N = tree.tokens.shape
     tgt = torch.randint(0, vocab, (bs, N), generator=gen, device="cpu").to(tree.tokens.device)
-    first, _ = _child_links(tree.parents)
+    # SGLang's retrieve_next_token: every node's first child, -1 if none.
+    seq_lens = torch.zeros(bs, dtype=torch.long, device=tree.tokens.device)
+    first = sglang_tree_abi(tree, seq_lens, TreeMaskMode.QLEN_ONLY).retrieve_next_token
     child_tok = tree.tokens.gather(1, first.clamp(min=0))
     follow = (torch.rand(bs, N, generator=gen, device="cpu") < 0.7).to(tree.tokens.device) & (
         first >= 0
@@ -40,7 +51,18 @@ def _targets_following_tree(tree, vocab: int, gen: torch.Generator) -> torch.Ten
 
 
 def check(logits, budget, seq_lens, gen) -> None:
-    """Our tree/walk agree with the reference port (and, on CUDA, Triton with torch)."""
+    """Our tree/walk agree with the reference port (and, on CUDA, Triton with torch on the CPU)."""
+    import torch
+
+    from benchmarks.reference_port import reference_build, reference_walk
+    from sglang_spec.tree import (
+        ancestor_mask,
+        build_ddtree_from_topk,
+        draft_topk,
+        sglang_tree_abi,
+        walk_greedy,
+    )
+
     bs, L, V = logits.shape
     logq, ids = draft_topk(logits, min(budget, V))
     tree = build_ddtree_from_topk(
@@ -62,16 +84,16 @@ def check(logits, budget, seq_lens, gen) -> None:
                 raise AssertionError(f"request {b}: ancestor mask differs from the reference port")
     tgt = _targets_following_tree(tree, V, gen)
     walk = walk_greedy(tree, tgt)
-    if logits.is_cuda:
-        cpu_sel = _select_torch(logq, budget)
-        if not all(
-            torch.equal(a.cpu(), b.cpu())
-            for a, b in zip(cpu_sel, (tree.depths, None, tree.parents, tree.scores, tree.num_nodes))
-            if b is not None
+    if logits.is_cuda:  # the same calls on CPU tensors run the torch implementation
+        cpu_tree = build_ddtree_from_topk(logq.cpu(), ids.cpu(), budget, torch.zeros(bs).long())
+        for name in ("tokens", "depths", "parents", "scores", "num_nodes"):
+            if not torch.equal(getattr(cpu_tree, name), getattr(tree, name).cpu()):
+                raise AssertionError(f"Triton selection differs from the torch selection: {name}")
+        w2 = walk_greedy(cpu_tree, tgt.cpu())
+        if not (
+            torch.equal(w2.accepted, walk.accepted.cpu())
+            and torch.equal(w2.bonus, walk.bonus.cpu())
         ):
-            raise AssertionError("Triton selection differs from the torch selection")
-        w2 = _walk_torch(tree, tgt)
-        if not (torch.equal(w2.accepted, walk.accepted) and torch.equal(w2.bonus, walk.bonus)):
             raise AssertionError("Triton walk differs from the torch walk")
     ref_walk = reference_walk(ref, tgt) if _same_order(tree, ref) else None
     if ref_walk is not None:
@@ -86,6 +108,10 @@ def check(logits, budget, seq_lens, gen) -> None:
 
 def _graph_time(logq, ids, budget, roots, seq_lens, seq_sum, tgt, timer, repeats) -> float:
     """GPU time of build + layout + walk replayed from one CUDA graph (no Python launch overhead)."""
+    import torch
+
+    from sglang_spec.tree import build_ddtree_from_topk, sglang_tree_abi, walk_greedy
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compiles kernels) off the capture
@@ -108,31 +134,81 @@ def _same_order(tree, ref) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--bs", type=int, nargs="+", default=[1, 8, 32, 64])
-    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    p.add_argument("--depth", type=int, default=15, help="L = drafter block size - 1")
-    p.add_argument("--vocab", type=int, default=151936, help="V (Qwen vocabulary by default)")
     p.add_argument(
-        "--seq-len", type=int, default=512, help="verified length per request (FULL_MASK prefix)"
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto = cuda if available, else cpu",
+    )
+    p.add_argument(
+        "--bs",
+        type=int_range(1, 4096),
+        nargs="+",
+        help="batch sizes (default: "
+        + " ".join(map(str, GRIDS["cuda"][0]))
+        + " on cuda, "
+        + " ".join(map(str, GRIDS["cpu"][0]))
+        + " on cpu)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=int_range(1, MAX_VERIFY_WIDTH - 1),
+        nargs="+",
+        help="draft nodes per tree (default: "
+        + " ".join(map(str, GRIDS["cuda"][1]))
+        + " on cuda, "
+        + " ".join(map(str, GRIDS["cpu"][1]))
+        + " on cpu)",
+    )
+    p.add_argument("--depth", type=int_range(1, 256), default=15, help="L = drafter block size - 1")
+    p.add_argument(
+        "--vocab", type=int_range(2, 2**24), default=151936, help="V (Qwen vocabulary by default)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int_range(0, 1 << 20),
+        default=512,
+        help="verified length per request (FULL_MASK prefix)",
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=positive_int,
         default=None,
-        help="timed repeats per cell (default 50 on CUDA, 5 on CPU)",
+        help=f"timed repeats per cell (default: {GRIDS['cuda'][2]} on cuda, {GRIDS['cpu'][2]} on cpu)",
     )
     p.add_argument(
         "--ref-max-bs",
-        type=int,
+        type=nonneg_int,
         default=64,
         help="skip the (slow) reference port above this batch size",
     )
 
 
 def run(args) -> int:
+    if args.device == "auto":  # the grid needs the device: resolve it first (imports torch)
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    grid_bs, grid_budgets, grid_repeats = GRIDS[args.device]
+    bs_list, budgets = args.bs or grid_bs, args.budgets or grid_budgets
+    repeats = args.repeats or grid_repeats
+    if max(bs_list) * args.depth * args.vocab > MAX_LOGITS:
+        return usage_error(
+            PROG,
+            "--vocab",
+            args.vocab,
+            f"--bs x --depth x --vocab <= {MAX_LOGITS} logits "
+            f"(got {max(bs_list)} x {args.depth} x {args.vocab})",
+        )
+    import torch
+
+    from benchmarks.reference_port import reference_build, reference_walk
+    from benchmarks.timing import median_timer
+    from sglang_spec.tree import build_ddtree_from_topk, draft_topk, sglang_tree_abi, walk_greedy
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return usage_error(PROG, "--device", "cuda", "cpu (this machine has no CUDA device)")
     dev = torch.device(args.device)
-    repeats = args.repeats or (50 if dev.type == "cuda" else 5)
     timer = median_timer(dev)
     gen = torch.Generator().manual_seed(0)
     name = (
@@ -142,41 +218,43 @@ def run(args) -> int:
     )
     print(
         f"# DDTree core on {name}, torch {torch.__version__}; L={args.depth}, V={args.vocab}, "
-        f"seq_len={args.seq_len}, median of {repeats} (µs)"
+        f"seq_len={args.seq_len}; times in µs (median of {repeats}), ref / ours = ratio"
     )
     cols = [
         "bs",
-        "B",
-        "topk",
-        "build",
-        "layout+abi",
-        "walk",
-        "b+l+w",
-        "ours total",
-        "ref build",
-        "ref walk",
-        "ref total",
-        "ref/ours",
+        "budget",
+        "top-K µs",
+        "build µs",
+        "layout+abi µs",
+        "walk µs",
+        "b+l+w µs",
+        "ours total µs",
+        "ref build µs",
+        "ref walk µs",
+        "ref total µs",
+        "ref / ours",
     ]
     if dev.type == "cuda":
-        cols.insert(7, "b+l+w graph")
+        cols.insert(7, "b+l+w graph µs")
     print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for bs in args.bs:
+    print("|" + "---:|" * len(cols))
+    for bs in bs_list:
         logits = torch.randn(bs, args.depth, args.vocab, generator=gen).to(dev) * 3
         seq_lens = torch.full((bs,), args.seq_len, dtype=torch.long, device=dev)
         roots = torch.zeros(bs, dtype=torch.long, device=dev)
-        for budget in args.budgets:
+        for budget in budgets:
             K = min(budget, args.vocab)
             check(logits[: min(bs, 8)], budget, seq_lens[: min(bs, 8)], gen)
             logq, ids = draft_topk(logits, K)
             tree = build_ddtree_from_topk(logq, ids, budget, roots)
             tgt = _targets_following_tree(tree, args.vocab, gen)
-            t_topk = timer(lambda: draft_topk(logits, K), repeats)
-            t_build = timer(lambda: build_ddtree_from_topk(logq, ids, budget, roots), repeats)
+            t_topk = timer(partial(draft_topk, logits, K), repeats)
+            t_build = timer(partial(build_ddtree_from_topk, logq, ids, budget, roots), repeats)
             seq_sum = bs * args.seq_len
-            t_layout = timer(lambda: sglang_tree_abi(tree, seq_lens, seq_lens_sum=seq_sum), repeats)
-            t_walk = timer(lambda: walk_greedy(tree, tgt), repeats)
+            t_layout = timer(
+                partial(sglang_tree_abi, tree, seq_lens, seq_lens_sum=seq_sum), repeats
+            )
+            t_walk = timer(partial(walk_greedy, tree, tgt), repeats)
             ours = t_build + t_layout + t_walk
             row = [bs, budget, t_topk, t_build, t_layout, t_walk, ours, t_topk + ours]
             if dev.type == "cuda":
@@ -185,8 +263,8 @@ def run(args) -> int:
                 )
             if bs <= args.ref_max_bs:
                 ref_trees = reference_build(logits, budget)
-                r_build = timer(lambda: reference_build(logits, budget), max(3, repeats // 10))
-                r_walk = timer(lambda: reference_walk(ref_trees, tgt), max(3, repeats // 10))
+                r_build = timer(partial(reference_build, logits, budget), max(3, repeats // 10))
+                r_walk = timer(partial(reference_walk, ref_trees, tgt), max(3, repeats // 10))
                 # The reference's build includes its own top-K, so it compares with our total.
                 r_total = r_build + r_walk
                 row += [r_build, r_walk, r_total, r_total / (t_topk + ours)]
@@ -206,9 +284,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.tree", description=__doc__.splitlines()[0]
-    )
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 
