@@ -194,9 +194,13 @@ def _plot(
         ax.axhline(hline, color="grey", lw=1, ls="--")
         values.append(hline)
     lo, hi = min(values), max(values)
-    pad = 0.08 * ((hi - lo) or abs(hi) or 1.0)
-    # Start at ymin (0 tok/s, 1 token per step) unless a point sits on it.
-    ax.set_ylim(ymin if ymin is not None and lo > ymin else lo - pad, hi + pad)
+    # Start at ymin (0 tok/s, 1 token per step) unless a point would sit on or near it; leave 8%
+    # of the drawn span above the highest point.
+    if ymin is not None and lo - ymin > 0.06 * (hi - ymin):
+        bottom = ymin
+    else:
+        bottom = lo - 0.08 * ((hi - lo) or abs(hi) or 1.0)
+    ax.set_ylim(bottom, hi + 0.08 * (hi - bottom))
     cs = sorted({c for pts in series.values() for c, _ in pts})
     ax.set_xscale("log", base=2)
     ax.set_xlim(cs[0] / 1.3, cs[-1] * 1.3)

@@ -524,8 +524,13 @@ def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch
             _level("DFLASH", "DFLASH", "m", c, 170.0 * c, 1.0 if c == 8 else 4.0),
             _level("DDTREE", "DDTREE", "m", c, 210.0 * c, 6.5 if c == 2 else 5.0),
         ]
-    # A second model whose runs are a subset: the same labels keep their colours.
-    levels += [_level("DDTREE", "DDTREE", "m2", 1, 10.0, 2.0), _level("AR", "AR", "m2", 1, 5.0)]
+    # A second model whose runs are a subset: the same labels keep their colours. Its acceptance
+    # values sit close together, far above the axis minimum of 1.
+    levels += [
+        _level("DDTREE", "DDTREE", "m2", 1, 10.0, 2.0),
+        _level("DFLASH", "DFLASH", "m2", 1, 9.0, 1.9),
+        _level("AR", "AR", "m2", 1, 5.0),
+    ]
     runs = _write_levels(tmp_path / "runs.jsonl", levels)
     assert compare.main([runs, "-o", str(tmp_path / "report")]) == 0
     assert len(drawn) == 5 + 4  # m: every plot; m2: no NEXTN run, so no speed-up over NEXTN
@@ -534,8 +539,10 @@ def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch
         assert lines
         for label, colour, xs, ys in lines:
             colours.setdefault(label, set()).add(colour)
-            assert all(x0 < x < x1 for x in xs), (label, xs, (x0, x1))
-            assert all(y0 < y < y1 for y in ys), (label, ys, (y0, y1))
+            # Every point at least 5% of the axis span away from the frame (x is log-scaled).
+            lx0, lx1 = math.log2(x0), math.log2(x1)
+            assert all(0.05 < (math.log2(x) - lx0) / (lx1 - lx0) < 0.95 for x in xs), (xs, x0, x1)
+            assert all(0.05 < (y - y0) / (y1 - y0) < 0.95 for y in ys), (label, ys, (y0, y1))
     assert set(colours) == {"AR", "NEXTN", "DFLASH", "DDTREE"}
     assert all(len(c) == 1 for c in colours.values()), colours
     assert len({next(iter(c)) for c in colours.values()}) == 4
