@@ -133,6 +133,15 @@ def _same_order(tree, ref) -> bool:
     )
 
 
+def _grid_help(what: str, i: int) -> str:
+    """``what (default: <cuda value> on cuda, <cpu value> on cpu)`` for column ``i`` of GRIDS."""
+    cuda, cpu = (
+        " ".join(map(str, v)) if isinstance(v, list) else v
+        for v in (GRIDS["cuda"][i], GRIDS["cpu"][i])
+    )
+    return f"{what} (default: {cuda} on cuda, {cpu} on cpu)"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
@@ -144,25 +153,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bs",
         type=int_range(1, 4096),
         nargs="+",
-        help="batch sizes (default: "
-        + " ".join(map(str, GRIDS["cuda"][0]))
-        + " on cuda, "
-        + " ".join(map(str, GRIDS["cpu"][0]))
-        + " on cpu)",
+        help=_grid_help("batch sizes", 0),
     )
     p.add_argument(
         "--budgets",
         type=int_range(1, MAX_VERIFY_WIDTH - 1),
         nargs="+",
-        help="draft nodes per tree (default: "
-        + " ".join(map(str, GRIDS["cuda"][1]))
-        + " on cuda, "
-        + " ".join(map(str, GRIDS["cpu"][1]))
-        + " on cpu)",
+        help=_grid_help("draft nodes per tree", 1),
     )
     p.add_argument("--depth", type=int_range(1, 256), default=15, help="L = drafter block size - 1")
     p.add_argument(
-        "--vocab", type=int_range(2, 2**24), default=151936, help="V (Qwen vocabulary by default)"
+        "--vocab",
+        type=int_range(2, 2**24),
+        default=151936,
+        help="V, the vocabulary size (151936: Qwen's)",
     )
     p.add_argument(
         "--seq-len",
@@ -174,7 +178,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeats",
         type=positive_int,
         default=None,
-        help=f"timed repeats per cell (default: {GRIDS['cuda'][2]} on cuda, {GRIDS['cpu'][2]} on cpu)",
+        help=_grid_help("timed repeats per cell", 2),
     )
     p.add_argument(
         "--ref-max-bs",
