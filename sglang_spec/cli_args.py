@@ -21,10 +21,17 @@ from pathlib import Path
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: X)`` to an option's help unless X is None/False or the help names it."""
+    """Appends ``(default: X)`` to an option's help unless X is None, False or empty, or the help
+    names it."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False or "%(default)" in (action.help or ""):
+        default = action.default
+        if (
+            default is None
+            or default is False
+            or default == []
+            or "%(default)" in (action.help or "")
+        ):
             return action.help
         return super()._get_help_string(action)
 

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "CPU demo/test server with SGLang's HTTP API over a pluggable engine "
         "(not a production engine)."
     )
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address")
     parser.add_argument("--port", type=port, default=30000, help="TCP port")
     parser.add_argument(
         "--allow-remote", action="store_true", help="allow binding a non-loopback address"
