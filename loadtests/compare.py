@@ -22,6 +22,7 @@ marked: their latencies are not an engine's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -476,8 +477,7 @@ def write_report(
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "runs", nargs="+", type=existing_file, help="JSONL files written by loadtests.sweep"
     )
@@ -497,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
         help="label of the chain baseline (default: NEXTN, else EAGLE3)",
     )
     p.add_argument("--title", default="Speculative decoding load test", help="report title")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    add_arguments(p)
     a = p.parse_args(argv)
     records = load_records(a.runs)
     if not records:

@@ -8,6 +8,7 @@ launching SGLang raises in these tests. Two cases run the console command in a s
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from benchmarks import tree as bench_tree
 from loadtests import compare, sweep
 from sglang_spec import cli
+from sglang_spec.cli_args import Parser
 from sglang_spec.reference import tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,16 +197,34 @@ def test_demo_budget_from_the_issue_in_a_subprocess():
     )
 
 
-@pytest.mark.parametrize("command", ["demo", "cpu-server", "serve", "patch"])
-def test_help_shows_defaults(command, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main([command, "--help"])
-    assert e.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
-    expected = {
-        "demo": "(default: 64)",  # --budget
-        "cpu-server": "(default: 30000)",  # --port
-        "serve": "(default: 1800.0)",  # --timeout
-        "patch": "default: $SGLANG_SPEC_PATCHES_DIR",  # --patches-dir, stated in its help
-    }[command]
-    assert expected in text, text
+def _commands():
+    from sglang_spec import demo, patching
+    from sglang_spec.serving import launch
+    from sglang_spec.serving.cpu_server import cli as cpu_cli
+
+    return {
+        "sglang-spec demo": demo.add_arguments,
+        "sglang-spec cpu-server": cpu_cli.add_arguments,
+        "sglang-spec serve": launch.add_arguments,
+        "sglang-spec patch": patching.add_arguments,
+        "python -m loadtests.sweep": sweep.add_arguments,
+        "python -m loadtests.compare": compare.add_arguments,
+        "python -m benchmarks.tree": bench_tree.add_arguments,
+    }
+
+
+@pytest.mark.parametrize("prog", list(_commands()))
+def test_help_states_every_default(prog):
+    parser = Parser(prog=prog)
+    _commands()[prog](parser)
+    text = " ".join(parser.format_help().split())
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"{prog} {action.option_strings[-1]} has no help"
+        default = action.default
+        if default is None or default is False or default == [] or default == argparse.SUPPRESS:
+            continue  # nothing to state, or (for None) the help says what happens instead
+        assert f"(default: {default})" in text or "default" in action.help, (
+            f"{prog} {action.option_strings[-1]}: default {default!r} not in --help"
+        )
