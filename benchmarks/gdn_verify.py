@@ -68,12 +68,12 @@ parallel (``--check-cell``); they compile every kernel variant the timing needs 
 Run on the H200, from the repository root (the full grid: ~5-6 min, nearly all of it compiling; a second
 run on the same machine finds the kernels in the cache)::
 
-    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON benchmarks/gdn_verify.py
+    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON -m benchmarks.gdn_verify
 
 CPU smoke run of the same code (Triton interpreter, tiny heads, fp32 activations -- the interpreter
 garbles bf16 -- bs 1, N 17, 2 reps; ~20 s, mostly importing ``sglang``)::
 
-    TRITON_INTERPRET=1 .venv/bin/python benchmarks/gdn_verify.py --device cpu --tiny
+    TRITON_INTERPRET=1 .venv/bin/python -m benchmarks.gdn_verify --device cpu --tiny
 """
 
 from __future__ import annotations
@@ -85,22 +85,19 @@ import subprocess
 import sys
 import tempfile
 import types
+from pathlib import Path
 
 import torch
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if (
-    _REPO not in sys.path
-):  # `python benchmarks/gdn_verify.py` puts benchmarks/, not the repo root, on sys.path
-    sys.path.insert(0, _REPO)
-sys.path.append(
-    os.path.join(_REPO, "tests")
-)  # sglang_kernel_gdn: the verify plumbing the kernel tests check
+from benchmarks.timing import median_timer
+from sglang_spec.cli_args import Parser, int_range, positive_int
+from sglang_spec.plugin import MAX_VERIFY_WIDTH
+from sglang_spec.tree import TreeMaskMode, build_chain, build_ddtree, sglang_tree_abi
 
-from sglang_kernel_gdn import verify_conv, verify_recurrent  # noqa: E402
+# The verify plumbing that tests/test_sglang_gdn_kernels.py checks (run from the repository root).
+from tests.sglang_kernel_gdn import verify_conv, verify_recurrent
 
-from benchmarks.timing import median_timer  # noqa: E402
-from sglang_spec.tree import TreeMaskMode, build_chain, build_ddtree, sglang_tree_abi  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 L = 15  # drafter depth (DFlash block size 16)
 VOCAB = 256  # of the random drafter logits the trees are built from
@@ -279,7 +276,8 @@ def checks_in_parallel(args) -> dict:
         for n in args.widths:
             cmd = [
                 sys.executable,
-                os.path.abspath(__file__),
+                "-m",
+                "benchmarks.gdn_verify",
                 "--device",
                 args.device,
                 "--bs",
@@ -289,7 +287,8 @@ def checks_in_parallel(args) -> dict:
                 str(n),
             ] + (["--tiny"] if args.tiny else [])
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            procs[bs, n] = (subprocess.Popen(cmd, stdout=out, stderr=err, text=True), out, err)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=REPO)
+            procs[bs, n] = (proc, out, err)
     checks = {}
     for cell, (proc, out, err) in procs.items():
         proc.wait()
@@ -408,18 +407,26 @@ def check_cell(args, bs: int, n: int) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python benchmarks/gdn_verify.py", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p = Parser(prog="python -m benchmarks.gdn_verify", description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to run")
     p.add_argument(
         "--tiny", action="store_true", help="tiny heads, bs 1, N 17, 2 reps (the CPU smoke run)"
     )
-    p.add_argument("--bs", type=int, nargs="+", help="batch sizes (default 1 8 32; --tiny: 1)")
     p.add_argument(
-        "--widths", type=int, nargs="+", help="verify widths N (default 17 65 129; --tiny: 17)"
+        "--bs",
+        type=int_range(1, 256),
+        nargs="+",
+        help="batch sizes (default 1 8 32; --tiny: 1)",
     )
-    p.add_argument("--reps", type=int, help="timed repetitions per cell (default 50; --tiny: 2)")
+    p.add_argument(
+        "--widths",
+        type=int_range(2, MAX_VERIFY_WIDTH),
+        nargs="+",
+        help="verify widths N (default 17 65 129; --tiny: 17)",
+    )
+    p.add_argument(
+        "--reps", type=positive_int, help="timed repetitions per cell (default 50; --tiny: 2)"
+    )
     p.add_argument("--check-cell", type=int, nargs=2, metavar=("BS", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.bs = args.bs or ([1] if args.tiny else [1, 8, 32])

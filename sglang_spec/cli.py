@@ -2,14 +2,17 @@
 
 Each subcommand lives in its own module, imported only when that subcommand runs, so that
 ``sglang-spec --help`` stays fast and needs neither SGLang nor a model. A subcommand module
-provides ``add_arguments(parser)`` and ``run(args) -> int``.
+provides ``add_arguments(parser)`` and ``run(args) -> int``; the parser is
+:class:`sglang_spec.cli_args.Parser` (defaults in ``--help``, one-line errors with exit code 2),
+and the arguments are validated by their ``type=`` before ``run`` loads anything.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from sglang_spec.cli_args import Parser
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -22,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "start an SGLang server from server_configs/ and wait for /health",
     ),
     "cpu-server": (
-        "sglang_spec.serving.cpu_server",
+        "sglang_spec.serving.cpu_server.cli",
         "CPU demo/test server with SGLang's HTTP API (not a production engine)",
     ),
     "patch": (
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, help_text = SUBCOMMANDS[name]
     mod = importlib.import_module(module)
-    parser = argparse.ArgumentParser(prog=f"sglang-spec {name}", description=help_text)
+    parser = Parser(prog=f"sglang-spec {name}", description=help_text)
     mod.add_arguments(parser)
     return int(mod.run(parser.parse_args(argv[1:])) or 0)
 

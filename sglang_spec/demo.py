@@ -13,59 +13,118 @@ over to a GPU server; the identical-to-AR column is the losslessness check.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
 
+from sglang_spec.cli_args import (
+    Parser,
+    csv_choices,
+    existing_dir,
+    int_range,
+    nonempty,
+    nonneg_float,
+    positive_int,
+    probability,
+    usage_error,
+)
+from sglang_spec.plugin import MAX_VERIFY_WIDTH
+from sglang_spec.reference import METHODS
 from sglang_spec.reference.tiny_pair import FIXTURES, PAIRS, heldout_prompts, load_pair
+
+PROG = "sglang-spec demo"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pair", choices=sorted(PAIRS), default="hybrid", help="which bundled target/drafter pair"
     )
-    p.add_argument("--fixtures", type=Path, default=FIXTURES, help="directory of the tiny pairs")
+    p.add_argument(
+        "--fixtures", type=existing_dir, default=FIXTURES, help="directory of the tiny pairs"
+    )
     p.add_argument(
         "--prompt",
         action="append",
+        type=nonempty,
         help="a prompt of your own (repeatable); default: held-out prompts",
     )
     p.add_argument(
         "--num-prompts",
-        type=int,
+        type=positive_int,
         default=3,
         help="held-out prompts to run when no --prompt is given",
     )
     p.add_argument(
-        "--methods", default="ar,dflash,ddtree", help="comma-separated subset of ar,dflash,ddtree"
+        "--methods",
+        type=csv_choices(METHODS),
+        default=",".join(METHODS),
+        help="comma-separated subset of " + ",".join(METHODS),
     )
     p.add_argument(
         "--budget",
-        type=int,
+        type=int_range(1, MAX_VERIFY_WIDTH - 1),
         default=64,
         help="DDTREE draft nodes per step (verify width = budget + 1)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (tiny models run best on 1)"
+        "--max-new-tokens",
+        type=positive_int,
+        default=64,
+        help="tokens to generate per prompt (at most the target's context length)",
+    )
+    p.add_argument(
+        "--temperature", type=nonneg_float, default=0.0, help="sampling temperature (0 = greedy)"
+    )
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int_range(), default=-1, help="top-k sampling (<= 0: off)")
+    p.add_argument(
+        "--seed", type=int_range(0, 2**32 - 1), default=0, help="sampling seed of prompt 1"
+    )
+    p.add_argument(
+        "--threads",
+        type=int_range(1, os.cpu_count() or 1),
+        default=1,
+        help="torch CPU threads (tiny models run best on 1)",
     )
 
 
+def check_fixtures(args) -> int:
+    """0 if the pair is in ``--fixtures`` and the requests fit it, else the one-line error's 2."""
+    target_dir = Path(args.fixtures) / PAIRS[args.pair][0]
+    missing = [
+        n for n in PAIRS[args.pair] if not (Path(args.fixtures) / n / "config.json").is_file()
+    ]
+    if missing:
+        return usage_error(
+            PROG, "--fixtures", args.fixtures, f"a directory holding {', '.join(PAIRS[args.pair])}/"
+        )
+    context = json.loads((target_dir / "config.json").read_text()).get("max_position_embeddings")
+    if context and args.max_new_tokens >= context:
+        return usage_error(
+            PROG,
+            "--max-new-tokens",
+            args.max_new_tokens,
+            f"1 to {context - 1} (the {args.pair} target's context)",
+        )
+    if not args.prompt:
+        available = len(heldout_prompts(None, args.fixtures))
+        if args.num_prompts > available:
+            return usage_error(
+                PROG, "--num-prompts", args.num_prompts, f"1 to {available} (held-out prompts)"
+            )
+    return 0
+
+
 def run(args) -> int:
+    if check_fixtures(args):
+        return 2
     import torch
 
-    from sglang_spec.reference import METHODS, generate
+    from sglang_spec.reference import generate
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise SystemExit(f"--methods: unknown {bad or methods}; valid: {', '.join(METHODS)}")
-    if args.budget < 1:
-        raise SystemExit(f"--budget must be >= 1; got {args.budget}")
+    methods = args.methods
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     tokenizer, target, drafter = load_pair(args.pair, args.fixtures)
@@ -140,7 +199,7 @@ def _report(methods, totals, reference, n, args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="sglang-spec demo", description=__doc__.splitlines()[0])
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 

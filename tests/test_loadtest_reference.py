@@ -3,7 +3,8 @@
 AR vs DDTREE(64) behind SGLang's HTTP API: the token counts the load generator reports match what
 the server produced, DDTREE's acceptance is above 1 both per request (spec_verify_ct) and from
 /server_info, both decoders produce the same greedy text, and the comparison report and plots are
-written.
+written. The two servers keep their default (different) names; both report the pair's target as
+model_path, so the report compares them in one section, marked as CPU-server timings.
 """
 
 import json
@@ -21,7 +22,8 @@ def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
     files, texts = [], {}
     for label, method in (("AR", "ar"), ("DDTREE-64", "ddtree")):
         out = tmp_path / f"{label}.jsonl"
-        with serve_in_thread(make(method=method), codec, model_name="tiny-hybrid") as srv:
+        engine = make(method=method)
+        with serve_in_thread(engine, codec, model_name=engine.name) as srv:
             rc = sweep.main(
                 [
                     "--base-url",
@@ -53,6 +55,7 @@ def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
             s["completion_tokens"] for s in served
         )
         assert all(r["completed"] == 4 and r["failed"] == 0 for r in levels)
+        assert {r["model"] for r in levels} == {str(FIXTURES.resolve() / "hybrid")}
         if method == "ddtree":
             assert all(r["tokens_per_step"] > 1.2 and r["accept_length"] > 1.2 for r in levels), (
                 levels
@@ -64,5 +67,12 @@ def test_ar_vs_ddtree_sweep_on_the_tiny_pair(tmp_path):
     assert texts["AR"] == texts["DDTREE-64"]  # greedy: lossless behind the HTTP API too
     report = tmp_path / "report"
     assert compare.main([str(f) for f in files] + ["-o", str(report)]) == 0
-    assert "DDTREE-64" in (report / "report.md").read_text()
-    assert len(list(report.glob("*.png"))) >= 4
+    md = (report / "report.md").read_text()
+    assert [line for line in md.splitlines() if line.startswith("## ")] == ["## hybrid"]
+    assert "| DDTREE-64 † |" in md and "### Speed-up over AR (`AR`)" in md
+    assert sorted(p.name.split("_", 1)[1] for p in report.glob("*.png")) == [
+        "acceptance.png",
+        "per_request.png",
+        "speedup_ar.png",
+        "throughput.png",
+    ]

@@ -45,9 +45,7 @@ class KPerStep:
         self.num_draft_tokens = k if k > 1 else None
         self.name = f"fake-k{k}"
 
-    def generate(
-        self, input_ids, *, max_new_tokens, temperature, top_p, top_k, seed, stop_token_ids
-    ):
+    def generate(self, input_ids, *, max_new_tokens, **_sampling):
         text = bytes(input_ids)
         base = sum(input_ids)
         done = 0
@@ -204,11 +202,6 @@ def test_replayed_result_counts_prefill_token_like_sglang():
     ]
 
 
-def test_cpu_server_cli_refuses_non_loopback_bind(capsys):
-    assert cpu_server.main(["--host", "10.11.12.13", "--port", "1"]) == 2
-    assert "non-loopback" in capsys.readouterr().err
-
-
 # ----------------------------------------------------------------------------------------------- sweep + compare
 def _sweep(srv, out: Path, prompt_file: Path, *extra: str) -> int:
     return sweep.main(
@@ -299,8 +292,8 @@ def test_sweep_compare_end_to_end(tmp_path):
     assert compare.main([str(f) for f in files] + ["-o", str(report_dir)]) == 0
     md = (report_dir / "report.md").read_text()
     assert "## fake-model" in md and "Baselines: AR = `AR`, chain (NEXTN) = `NEXTN`." in md
-    assert "| AR | 1.00× | 1.00× | 1.00× |" in md  # AR over itself in the speed-up table
-    acc_rows = [line for line in md.splitlines() if line.startswith("| DFLASH | 4.00 / 4.00")]
+    assert "| AR † | 1.00× | 1.00× | 1.00× |" in md  # AR over itself in the speed-up table
+    acc_rows = [line for line in md.splitlines() if line.startswith("| DFLASH † | 4.00 / 4.00")]
     assert acc_rows, md
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
     assert pngs == [
@@ -446,6 +439,113 @@ def test_ctrl_c_writes_the_partial_level(tmp_path):
     r = levels[0]
     assert r["max_concurrency"] == 2 and r["interrupted"] is True
     assert r["cancelled"] == 2 and r["failed"] == 0 and r["completed"] == len(r["output_lens"])
+
+
+def _level(label, algorithm, model, c, tok_s, accept=None, timing=None) -> dict:
+    rec = {
+        "label": label,
+        "algorithm": algorithm,
+        "model": model,
+        "max_concurrency": c,
+        "output_throughput": tok_s,
+        "median_per_request_output_throughput": tok_s / c,
+        "accept_length": accept,
+        "completed": 4,
+        "failed": 0,
+    }
+    if timing:
+        rec["server_info"] = {"timing": timing}
+    return rec
+
+
+def _write_levels(path: Path, levels: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in levels))
+    return str(path)
+
+
+def test_compare_groups_by_target_model_and_warns_without_baseline(tmp_path, capsys):
+    # Three servers of one target that report it differently, and a second target without AR.
+    runs = _write_levels(
+        tmp_path / "runs.jsonl",
+        [
+            _level("AR", "AR", "Qwen/Qwen3-8B", 1, 100.0),
+            _level("DFLASH", "DFLASH", "/models/Qwen3-8B/", 1, 180.0, 4.0),
+            _level("DDTREE-b64", "DDTREE", "Qwen3-8B", 1, 200.0, 5.0, timing="replayed"),
+            _level("DDTREE-b64", "DDTREE", "org/Tiny", 1, 50.0, 3.0),
+        ],
+    )
+    out = tmp_path / "report"
+    assert compare.main([runs, "-o", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    err = capsys.readouterr().err
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections == ["## Qwen3-8B", "## Tiny"]
+    qwen = md.split("## Tiny")[0]
+    assert "| DFLASH | 1.80× |" in qwen and "| DDTREE-b64 † | 2.00× |" in qwen
+    assert "† CPU demo server" in qwen and "`DDTREE-b64`: replayed" in qwen
+    assert "warning: no AR run for Tiny" in err and "no AR run for Qwen3-8B" not in err
+    tiny = md.split("## Tiny")[1]
+    assert "**Warning:** no AR run for Tiny" in tiny and "Speed-up over AR" not in tiny
+    assert "- no speed-up over ar plot: no AR run." in tiny
+    assert "- no speed-up over nextn/chain plot: no NEXTN/EAGLE run." in tiny
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "Qwen3-8B_acceptance.png",
+        "Qwen3-8B_per_request.png",
+        "Qwen3-8B_speedup_ar.png",
+        "Qwen3-8B_throughput.png",
+        "Tiny_acceptance.png",
+        "Tiny_per_request.png",
+        "Tiny_throughput.png",
+    ]  # no empty plot: neither model has a NEXTN run, Tiny has no AR run
+
+
+def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    drawn = []  # per saved figure: (lines as (label, colour, xs, ys), xlim, ylim)
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        lines = [
+            (ln.get_label(), ln.get_color(), list(ln.get_xdata()), list(ln.get_ydata()))
+            for ln in ax.get_lines()
+            if not ln.get_label().startswith("_")
+        ]
+        drawn.append((lines, ax.get_xlim(), ax.get_ylim()))
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    levels = []
+    for c in (1, 2, 4, 8):
+        levels += [
+            _level("AR", "AR", "m", c, 100.0 * c),
+            _level("NEXTN", "NEXTN", "m", c, 150.0 * c, 2.0),
+            _level("DFLASH", "DFLASH", "m", c, 170.0 * c, 1.0 if c == 8 else 4.0),
+            _level("DDTREE", "DDTREE", "m", c, 210.0 * c, 6.5 if c == 2 else 5.0),
+        ]
+    # A second model whose runs are a subset: the same labels keep their colours. Its acceptance
+    # values sit close together, far above the axis minimum of 1.
+    levels += [
+        _level("DDTREE", "DDTREE", "m2", 1, 10.0, 2.0),
+        _level("DFLASH", "DFLASH", "m2", 1, 9.0, 1.9),
+        _level("AR", "AR", "m2", 1, 5.0),
+    ]
+    runs = _write_levels(tmp_path / "runs.jsonl", levels)
+    assert compare.main([runs, "-o", str(tmp_path / "report")]) == 0
+    assert len(drawn) == 5 + 4  # m: every plot; m2: no NEXTN run, so no speed-up over NEXTN
+    colours: dict[str, set] = {}
+    for lines, (x0, x1), (y0, y1) in drawn:
+        assert lines
+        for label, colour, xs, ys in lines:
+            colours.setdefault(label, set()).add(colour)
+            # Every point at least 5% of the axis span away from the frame (x is log-scaled).
+            lx0, lx1 = math.log2(x0), math.log2(x1)
+            assert all(0.05 < (math.log2(x) - lx0) / (lx1 - lx0) < 0.95 for x in xs), (xs, x0, x1)
+            assert all(0.05 < (y - y0) / (y1 - y0) < 0.95 for y in ys), (label, ys, (y0, y1))
+    assert set(colours) == {"AR", "NEXTN", "DFLASH", "DDTREE"}
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({next(iter(c)) for c in colours.values()}) == 4
 
 
 def test_non_loopback_hosts_are_refused(tmp_path, capsys):

@@ -2,35 +2,55 @@
 
 ``patches/`` and ``server_configs/`` live at the repository's top level; a wheel maps them into
 ``sglang_spec/data/`` and ``sglang_spec.paths.shipped_dir`` must find them there once installed.
+The wheel is built from a copy of the sources (setuptools builds in-tree, and a stale ``build/``
+from an earlier layout would end up in the wheel and hide a package missing from the config).
 """
 
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "README.md", "sglang_spec", "patches", "server_configs")
 
 
 def test_wheel_ships_data_and_entry_points(tmp_path):
-    subprocess.run(
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(
+                REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
+        else:
+            shutil.copy2(REPO / name, src / name)
+    build = subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            "-q",
+            "-v",
             "--no-deps",
             "--no-build-isolation",
-            str(REPO),
+            str(src),
             "-w",
             str(tmp_path / "dist"),
         ],
         check=True,
         cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
+    # The packaging configuration is complete: setuptools has nothing to warn about.
+    log = build.stdout + build.stderr
+    assert "BuildBackendWarning" not in log and "absent from the `packages`" not in log, log
     (wheel,) = (tmp_path / "dist").glob("sglang_spec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    for init in (REPO / "sglang_spec").rglob("__init__.py"):  # every package, e.g. a new subpackage
+        assert init.relative_to(REPO).as_posix() in names, init
     for pin in ("0.5.23", "0.5.22"):
         assert f"sglang_spec/data/patches/{pin}/manifest.json" in names
         assert f"sglang_spec/data/patches/{pin}/series" in names

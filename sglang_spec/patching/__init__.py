@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from sglang_spec.cli_args import Parser, existing_dir
 from sglang_spec.patching.core import (  # noqa: F401  (re-exported API)
     APPLIED,
     FOREIGN,
@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sglang-dir",
         metavar="DIR",
+        type=existing_dir,
         default=None,
         help="the directory that CONTAINS the sglang/ package (e.g. site-packages), or the "
         "sglang package directory itself; both are accepted. Default: the sglang that "
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--patches-dir",
         metavar="DIR",
-        type=Path,
+        type=existing_dir,
         default=None,
         help="where the per-version patch sets live (default: $SGLANG_SPEC_PATCHES_DIR, "
         "else patches/ next to the sglang_spec package)",
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-spec patch")
+    parser = Parser(prog="sglang-spec patch")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -28,7 +28,19 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from sglang_spec.cli_args import (
+    Parser,
+    fail,
+    nonempty,
+    nonneg_int,
+    output_file,
+    port,
+    positive_float,
+    usage_error,
+)
 from sglang_spec.serving.configs import ConfigError, list_configs, load_config
+
+PROG = "sglang-spec serve"
 
 DEFAULT_LAUNCHER = "{python} -m sglang.launch_server"
 _SPINNER = "|/-\\"
@@ -54,35 +66,40 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
         "--dry-run", action="store_true", help="print the command (and environment) and exit"
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="bind address passed to SGLang (default: 127.0.0.1)"
+        "--host", type=nonempty, default="127.0.0.1", help="bind address passed to SGLang"
     )
-    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--port", type=port, default=30000, help="port passed to SGLang")
     parser.add_argument(
-        "--timeout", type=float, default=1800.0, help="seconds to wait for /health (default 1800)"
+        "--timeout", type=positive_float, default=1800.0, help="seconds to wait for /health"
     )
     parser.add_argument(
         "--stop-timeout",
-        type=float,
+        type=positive_float,
         default=30.0,
-        help="grace seconds per stop signal (default 30)",
+        help="grace seconds per stop signal",
     )
     parser.add_argument(
-        "--log-file", default=None, help="server log (default: serve_logs/<name>-<time>.log)"
+        "--log-file",
+        type=output_file,
+        default=None,
+        help="server log (default: serve_logs/<name>-<time>.log)",
     )
     parser.add_argument(
-        "--log-tail", type=int, default=80, help="log lines shown on failure (default 80)"
+        "--log-tail", type=nonneg_int, default=80, help="log lines shown on failure"
     )
     parser.add_argument("--follow", action="store_true", help="echo the server log while it runs")
     parser.add_argument(
         "--then",
+        type=nonempty,
         default=None,
         metavar="CMD",
         help="once healthy, run CMD (bash -c; $SGLANG_URL is set), then stop the server; exit with its code",
     )
     parser.add_argument(
         "--launcher",
+        type=nonempty,
         default=DEFAULT_LAUNCHER,
-        help="command prefix ({python} = this interpreter); default: %(default)s",
+        help="command prefix ({python} = this interpreter)",
     )
 
 
@@ -131,8 +148,8 @@ def _split_extra(args: argparse.Namespace) -> list[str]:
     else:
         ours, theirs = extra, []
     if ours:
-        p = argparse.ArgumentParser(
-            prog="sglang-spec serve CONFIG",
+        p = Parser(
+            prog=f"{PROG} CONFIG",
             argument_default=argparse.SUPPRESS,
             epilog="SGLang flags go after '--'.",
         )
@@ -242,13 +259,11 @@ def run(args: argparse.Namespace) -> int:
             print(p.stem)
         return 0
     if not args.config:
-        print("sglang-spec serve: a CONFIG is required (see --list)", file=sys.stderr)
-        return 2
+        return fail(PROG, "a CONFIG is required (--list shows them)")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
-        print(f"sglang-spec serve: {e}", file=sys.stderr)
-        return 2
+        return fail(PROG, f"argument CONFIG: {e}")
     try:
         extra = _split_extra(args)
     except SystemExit as e:  # argparse error in the options given after CONFIG
@@ -259,11 +274,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if port_in_use(args.host, args.port):
-        print(
-            f"[serve] port {args.port} is already in use; stop that server or pass --port",
-            file=sys.stderr,
+        return usage_error(
+            PROG, "--port", args.port, "a free port (this one is already in use: stop that server)"
         )
-        return 2
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_path = Path(args.log_file or f"serve_logs/{cfg.name}-{stamp}.log")
@@ -362,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-spec serve", description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

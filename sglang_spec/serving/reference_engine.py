@@ -3,14 +3,26 @@
 ``sglang-spec cpu-server --engine sglang_spec.serving.reference_engine:make --engine-arg method=ddtree
 --engine-arg budget=64 --tokenizer sglang_spec/fixtures/tiny-pair/hybrid`` serves the trained tiny
 pair behind SGLang's HTTP API on the CPU, for demos and for testing the load generator against real
-speculative decoding. Decoding happens per request, then its steps are replayed (see
-``ResultReplayEngine``): token counts and acceptance are exact, latencies are not an engine's.
+speculative decoding (``loadtests/README.md`` walks through a load test). Decoding happens per
+request, then its steps are replayed (see ``ResultReplayEngine``): token counts and acceptance are
+exact, latencies are not an engine's. ``/server_info`` reports the target's directory as
+``model_path``, so that AR, DFLASH and DDTREE servers of one pair are compared with each other.
 """
 
 from __future__ import annotations
 
-from sglang_spec.reference.tiny_pair import FIXTURES
-from sglang_spec.serving.cpu_server import ResultReplayEngine
+import os
+from pathlib import Path
+
+from sglang_spec.cli_args import existing_dir, int_range
+from sglang_spec.plugin import MAX_VERIFY_WIDTH
+from sglang_spec.reference import METHODS
+from sglang_spec.reference.tiny_pair import FIXTURES, PAIRS
+from sglang_spec.serving.cpu_server.engines import (
+    EngineArgumentError,
+    ResultReplayEngine,
+    engine_arg,
+)
 
 
 def make(
@@ -21,15 +33,21 @@ def make(
     threads: str | int = 1,
 ) -> ResultReplayEngine:
     """Load ``pair`` from the fixtures and return an engine decoding with ``method`` (ar / dflash / ddtree)."""
+    for key, value, valid in (("pair", pair, sorted(PAIRS)), ("method", method, METHODS)):
+        if value not in valid:
+            raise EngineArgumentError(
+                f"argument --engine-arg {key}: got {value!r}; valid: {', '.join(valid)}"
+            )
+    budget = engine_arg("budget", budget, int_range(1, MAX_VERIFY_WIDTH - 1))
+    threads = engine_arg("threads", threads, int_range(1, os.cpu_count() or 1))
+    fixtures = engine_arg("fixtures", fixtures or FIXTURES, existing_dir)
+
     import torch
 
-    from sglang_spec.reference import METHODS, generate, tiny_pair
+    from sglang_spec.reference import generate, tiny_pair
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    budget = int(budget)
-    torch.set_num_threads(int(threads))
-    _, target, drafter = tiny_pair.load_pair(pair, fixtures or FIXTURES)
+    torch.set_num_threads(threads)
+    _, target, drafter = tiny_pair.load_pair(pair, fixtures)
     width = {"ar": None, "dflash": drafter.block_size, "ddtree": budget + 1}[method]
 
     def decode(input_ids, **sampling):
@@ -41,4 +59,5 @@ def make(
         speculative_algorithm=None if method == "ar" else method.upper(),
         num_draft_tokens=width,
         name=f"tiny-{pair}-{method}",
+        model_path=str(Path(fixtures).resolve() / PAIRS[pair][0]),
     )
