@@ -200,7 +200,10 @@ def test_save_load_roundtrip(targets, kind, tmp_path):
 
 def zlab_checkpoint(path, cfg, prefix="", drop=None, extra=None, fc_in=3 * H):
     """Write a bf16 checkpoint the way make_tiny_variants.py lays it out."""
-    g = lambda *s: (torch.randn(*s) * 0.02).to(torch.bfloat16)
+
+    def g(*s):
+        return (torch.randn(*s) * 0.02).to(torch.bfloat16)
+
     sd = {"fc.weight": g(H, fc_in), "hidden_norm.weight": g(H), "norm.weight": g(H)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."

@@ -184,7 +184,7 @@ def test_layer_tree_matches_sequential_paths(model, seed):
             want_conv, want_ssm = read_committed_states(cache, li)
             torch.testing.assert_close(states.conv[r, node], want_conv[0], atol=ATOL, rtol=0)
             torch.testing.assert_close(states.ssm[r, node], want_ssm[0], atol=ATOL, rtol=0)
-    for out, states in results.values():  # the batched commit picks each row's own node
+    for _out, states in results.values():  # the batched commit picks each row's own node
         conv, ssm = gdn_tree_commit(states, torch.tensor(accepted))
         assert torch.equal(conv, states.conv[range(len(trees)), accepted])
         assert torch.equal(ssm, states.ssm[range(len(trees)), accepted])

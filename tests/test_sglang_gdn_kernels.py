@@ -243,7 +243,7 @@ def results(request, tmp_path_factory):
 
         captured = {}
         hook = layer.norm.register_forward_hook(
-            lambda m, args, out: captured.__setitem__("core", args[0])
+            lambda _m, args, _out, captured=captured: captured.__setitem__("core", args[0])
         )
         try:
             out, states = gdn_tree_forward(layer, hidden, tree.parents, conv_state, ssm_state)

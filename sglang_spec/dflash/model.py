@@ -307,9 +307,10 @@ class DFlashDrafter(nn.Module):
 
     def new_cache(self, batch_size: int) -> DFlashCache:
         w = self.fc.weight
-        empty = lambda: w.new_zeros(
-            batch_size, self.config.num_key_value_heads, 0, self.config.head_dim
-        )
+
+        def empty():
+            return w.new_zeros(batch_size, self.config.num_key_value_heads, 0, self.config.head_dim)
+
         return DFlashCache(
             [empty() for _ in self.layers],
             [empty() for _ in self.layers],

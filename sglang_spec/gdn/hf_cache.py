@@ -84,7 +84,7 @@ class GDNTreeVerifier:
             del layer.forward
 
     def _tree_forward(self, layer):
-        def forward(hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        def forward(hidden_states, cache_params=None, attention_mask=None, **kwargs):  # noqa: ARG001 (HF GatedDeltaNet.forward signature; a tree has no padding mask)
             conv_state, ssm_state = read_committed_states(cache_params, layer.layer_idx)
             out, states = gdn_tree_forward(
                 layer, hidden_states, self.parents, conv_state, ssm_state
