@@ -220,39 +220,37 @@ def exercise(res, url, prompts, args, label):
         res["server_info_accept"] = f"{type(e).__name__}"
 
 
+def agreement(outputs: list[dict], reference: list[dict] | None) -> str:
+    """``"k/n"``: how many of ``outputs`` have the text of the reference output for the same prompt
+    (``reference`` may cover more prompts, e.g. an earlier run's baseline); ``-`` without one."""
+    if reference is None:
+        return "-"
+    pairs = list(zip(outputs, reference))
+    same = sum(o["text"] == r["text"] for o, r in pairs)
+    missing = len(outputs) - len(pairs)
+    return f"{same}/{len(outputs)}" + (f" ({missing} without a reference)" if missing else "")
+
+
 def summarize(results, baseline=None):
-    """Markdown table; "= AR" compares with this run's first AR server, else with ``baseline``'s."""
+    """Markdown table; "= AR" compares with this run's first AR server, else with ``baseline``'s,
+    prompt by prompt (k of n identical)."""
     base = next((r for r in results if r["label"].startswith("ar") and r["ok"]), baseline)
+    reference = None if base is None else base["greedy"]
     rows = []
     for r in results:
         if not r["ok"]:
             rows.append(f"| {r['label']} | FAILED | | | | | |")
             continue
-        same = (
-            "-"
-            if base is None
-            else (
-                "yes"
-                if [g["text"] for g in r["greedy"]] == [g["text"] for g in base["greedy"]]
-                else "NO"
-            )
-        )
-        same_c = (
-            "-"
-            if base is None
-            else (
-                "yes"
-                if [g["text"] for g in r["greedy_concurrent"]]
-                == [g["text"] for g in base["greedy"]]
-                else "NO"
-            )
-        )
+        same = agreement(r["greedy"], reference)
+        same_c = agreement(r["greedy_concurrent"], reference)
         toks = sum(g["meta"]["completion_tokens"] for g in r["greedy"])
         steps = sum(g["meta"]["spec_verify_ct"] or 0 for g in r["greedy"])
         tps = f"{toks / steps:.2f}" if steps else "1.00"
         hist = [g["meta"]["spec_correct_drafts_histogram"] for g in r["greedy"]]
         hsum = [sum(x) for x in zip(*[h for h in hist if h])] if any(hist) else "-"
-        sampled_ok = all(s["meta"]["completion_tokens"] > 0 for s in r["sampled"])
+        sampled_ok = (
+            all(s["meta"]["completion_tokens"] > 0 for s in r["sampled"]) if r["sampled"] else "-"
+        )
         rows.append(
             f"| {r['label']} | {same} | {same_c} | {tps} | {r['greedy_s']} | {hsum} | {sampled_ok} |"
         )

@@ -140,7 +140,7 @@ def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
     )
     assert all("--tp-size 2" in r["cmd"] for r in results)  # --server-arg reaches every server
     out = capsys.readouterr().out
-    assert "| ddtree16+graphs | yes | yes | 1.25 |" in out
+    assert "| ddtree16+graphs | 2/2 | 2/2 | 1.25 |" in out
     assert not list((tmp_path / "out").glob("server_*.log"))  # successful servers drop their log
 
 
@@ -158,3 +158,16 @@ def test_cli_refuses_bad_input_before_anything_runs(tmp_path, monkeypatch, capsy
     assert _main(tmp_path, monkeypatch, "ar,ddtree16+fast") == 2
     assert "unknown server 'ddtree16+fast'" in capsys.readouterr().err
     assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "out").exists()
+
+
+def test_agreement_counts_prompt_by_prompt_against_a_longer_baseline():
+    """A run of 4 prompts judged against a baseline of 6 (an earlier call's AR server) compares the 4
+    it has; session 3's first check printed "NO" for identical outputs because whole lists were
+    compared."""
+    from e2e.tiny_pair import agreement
+
+    ref = [{"text": t} for t in "abcdef"]
+    assert agreement([{"text": t} for t in "abcd"], ref) == "4/4"
+    assert agreement([{"text": t} for t in "abXd"], ref) == "3/4"
+    assert agreement([{"text": t} for t in "ab"], ref[:1]) == "1/2 (1 without a reference)"
+    assert agreement([{"text": "a"}], None) == "-"
