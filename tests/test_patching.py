@@ -446,7 +446,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 load_plugins()
 algo = SpeculativeAlgorithm.from_string("DDTREE")
-assert type(algo).__module__ == "sglang_spec.plugin", type(algo)
+assert type(algo).__module__ == "sglang_spec.plugin.algorithm", type(algo)
 assert algo.is_dflash_family() and not algo.is_eagle()
 worker = algo.factory(None)
 assert worker.__name__ == "DDTreeWorker" and issubclass(worker, DFlashWorkerV2), worker.__mro__
