@@ -67,12 +67,16 @@ def test_pair_loads_offline(pair):
 # CPUs and tight enough that a real regression fails (e.g. drafter context positions shifted by one
 # at commit: hybrid DFLASH 1.97 -> 1.69, DDTREE(64) 2.94 -> 2.44; qwen3 DFLASH 1.78 -> 1.62).
 FLOOR = 0.95
-MEASURED = {  # 3 held-out prompts (PROMPTS[::15][:3]) x NEW tokens
-    "hybrid": {"dflash": 1.973, "ddtree": 2.939},
-    "qwen3": {"dflash": 1.778, "ddtree": 2.667},
+MEASURED = {  # 3 held-out prompts (PROMPTS[::15][:3]) x NEW tokens; DDTREE(64) chain-inclusive
+    "hybrid": {"dflash": 1.973, "ddtree": 3.200},
+    "qwen3": {"dflash": 1.778, "ddtree": 2.717},
 }
-MEASURED_TREE_T = {  # DDTREE(16) on PROMPTS[15] x NEW tokens, at tree temperature 1 and 0.5
-    "hybrid": {1.0: 3.692, 0.5: 6.857},
+# DDTREE(12) on PROMPTS[15] x NEW tokens, at tree temperature 1 and 0.5. A budget below the drafter
+# horizon L = 15, where the tree is plain best-first (no chain inside, sglang_spec.tree.build), so the
+# temperature alone decides its shape.
+TREE_T_BUDGET = 12
+MEASURED_TREE_T = {
+    "hybrid": {1.0: 3.692, 0.5: 6.000},
     "qwen3": {1.0: 2.286, 0.5: 1.920},
 }
 
@@ -116,13 +120,19 @@ def test_tree_temperature_reshapes_the_tree_not_the_output(pair, monkeypatch):
     for tau in (1.0, 0.5):
         deepest.clear()
         out = generate(
-            target, drafter, ids, "ddtree", budget=16, tree_temperature=tau, max_new_tokens=NEW
+            target,
+            drafter,
+            ids,
+            "ddtree",
+            budget=TREE_T_BUDGET,
+            tree_temperature=tau,
+            max_new_tokens=NEW,
         )
         assert out.tokens == ar.tokens, (kind, tau)
         assert len(deepest) == len(out.steps), "every step must build its tree with build_ddtree"
         depth[tau], rate[tau] = sum(deepest) / len(deepest), out.tokens_per_step
         assert rate[tau] >= FLOOR * MEASURED_TREE_T[kind][tau], (kind, tau, rate)
-    assert depth[0.5] > 1.5 * depth[1.0], (kind, depth)  # measured: 2.9 -> 6.7, 2.3 -> 4.4
+    assert depth[0.5] > 1.5 * depth[1.0], (kind, depth)  # measured: 2.8 -> 6.3, 2.1 -> 4.0
     if kind == "hybrid":
         assert rate[0.5] > 1.5 * rate[1.0], rate
     else:
