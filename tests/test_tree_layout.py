@@ -12,9 +12,6 @@ and (2) SGLang's OWN Triton kernels, run on CPU under the Triton interpreter in 
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 import tree_oracles as O
@@ -349,60 +346,3 @@ def test_sglang_reconstruct_from_our_mask(sglang_runs):
         assert torch.equal(out["retrieve_next_sibling"], abi.retrieve_next_sibling)
         n += 1
     assert n >= 6
-
-
-# ----------------------------------------------------------------------------------------
-# import graph
-# ----------------------------------------------------------------------------------------
-
-
-def import_cycles(package_dir: Path, package: str) -> list[list[str]]:
-    """Cycles among ``package``'s modules, counting every import statement (function-level ones
-    too: a lazy import still closes a cycle once both modules are loaded)."""
-    modules = {}
-    for f in package_dir.rglob("*.py"):
-        parts = [package, *f.relative_to(package_dir).with_suffix("").parts]
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
-    graph = {}
-    for name, f in modules.items():
-        here = name if f.name == "__init__.py" else name.rsplit(".", 1)[0]
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                up = here.split(".")[: len(here.split(".")) - node.level + 1]
-                target = ".".join(
-                    (up if node.level else []) + ([node.module] if node.module else [])
-                )
-                deps |= {target} | {f"{target}.{a.name}" for a in node.names}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names}
-        graph[name] = sorted(d for d in deps if d in modules and d != name)
-    cycles, state = [], {}
-
-    def visit(m, stack):
-        state[m] = "open"
-        for d in graph[m]:
-            if state.get(d) == "open":
-                cycles.append(stack[stack.index(d) :] + [m, d])
-            elif d not in state:
-                visit(d, stack + [m])
-        state[m] = "done"
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [])
-    return cycles
-
-
-def test_tree_package_has_no_import_cycle():
-    import sglang_spec.tree as tree_pkg
-
-    assert import_cycles(Path(tree_pkg.__file__).parent, "sglang_spec.tree") == []
-
-
-def test_import_cycles_finds_a_lazy_cycle(tmp_path):
-    (tmp_path / "__init__.py").write_text("")
-    (tmp_path / "a.py").write_text("from .b import f\n")
-    (tmp_path / "b.py").write_text("def f():\n    from .a import g\n")
-    (tmp_path / "c.py").write_text("import pkg.a\n")
-    assert import_cycles(tmp_path, "pkg") == [["pkg.a", "pkg.b", "pkg.a"]]

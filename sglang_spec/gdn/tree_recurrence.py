@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from .recurrence_inputs import check_inputs
 from .tree_gdn import tree_depth
 
 
@@ -80,42 +81,6 @@ def tree_paths(parents: torch.Tensor, width: int | None = None) -> torch.Tensor:
     return torch.where(ok, hops.gather(2, j.clamp(min=0)), -1)
 
 
-def _check_inputs(q, k, v, g, beta, initial_state) -> None:
-    """Validate the shared layout (one-line ``ValueError`` per problem); ``q`` is None for
-    ``replay_path_state``."""
-    if k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"k must be [bs, N, Hk, K] and v [bs, N, Hv, V]; got k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    bs, n, hk, dk = k.shape
-    hv, dv = v.shape[2], v.shape[3]
-    if v.shape[:2] != (bs, n):
-        raise ValueError(f"v must be [bs={bs}, N={n}, Hv, V]; got {tuple(v.shape)}")
-    if q is not None and q.shape != k.shape:
-        raise ValueError(f"q must have k's shape {tuple(k.shape)}; got {tuple(q.shape)}")
-    if hv % hk:
-        raise ValueError(
-            f"the {hk} key heads must divide the {hv} value heads (GQA: value head h reads key head h // (Hv // Hk))"
-        )
-    for name, x in (("g", g), ("beta", beta)):
-        if x.shape != (bs, n, hv):
-            raise ValueError(f"{name} must be [bs, N, Hv] = {(bs, n, hv)}; got {tuple(x.shape)}")
-    if initial_state.shape != (bs, hv, dk, dv):
-        raise ValueError(
-            f"initial_state must be [bs, Hv, K, V] = {(bs, hv, dk, dv)}; got {tuple(initial_state.shape)}"
-        )
-    tensors = [x for x in (q, k, v, g, beta, initial_state) if x is not None]
-    if any(not x.is_floating_point() for x in tensors):
-        raise ValueError(
-            f"q, k, v, g, beta and initial_state must be floating point; got {[x.dtype for x in tensors]}"
-        )
-    if len({x.device for x in tensors}) != 1:
-        raise ValueError(
-            f"all inputs must be on one device; got {[str(x.device) for x in tensors]}"
-        )
-    return hk, hv // hk
-
-
 def tree_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -131,7 +96,7 @@ def tree_gated_delta_rule(
     ``triton_tree_recurrence.tree_gated_delta_rule_triton``, takes a ``tree_paths`` table built
     once per verify step instead and reads nothing back.
     """
-    _check_inputs(q, k, v, g, beta, initial_state)
+    check_inputs(q, k, v, g, beta, initial_state)
     if parents.shape != k.shape[:2]:
         raise ValueError(
             f"parents must be [bs, N] = {tuple(k.shape[:2])}; got {tuple(parents.shape)}"
@@ -201,7 +166,7 @@ def replay_path_state(
     with ``-1`` at the end (a row of ``-1`` returns ``initial_state``). Layouts as in the module
     docstring. On CUDA this runs ``triton_tree_recurrence.replay_path_state_triton``.
     """
-    _check_inputs(None, k, v, g, beta, initial_state)
+    check_inputs(None, k, v, g, beta, initial_state)
     bs, n = k.shape[:2]
     if path.dim() != 2 or path.shape[0] != bs or path.dtype not in (torch.int32, torch.int64):
         raise ValueError(

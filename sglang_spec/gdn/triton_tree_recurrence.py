@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_recurrence import _check_inputs
+from .recurrence_inputs import check_inputs
 
 
 @triton.jit
@@ -258,7 +258,7 @@ def tree_gated_delta_rule_triton(
     ``q, k, v`` may be strided views (e.g. split from one projection) with a contiguous last dim.
     ``block_v`` overrides the value tile width (a power of two).
     """
-    _check_inputs(q, k, v, g, beta, initial_state)
+    check_inputs(q, k, v, g, beta, initial_state)
     bs, n = k.shape[:2]
     if paths.dim() != 3 or paths.shape[:2] != (bs, n):
         raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")
@@ -298,7 +298,7 @@ def replay_path_state_triton(
     block_v: int | None = None,
 ) -> torch.Tensor:
     """``replay_path_state`` without validating ``path`` ``[bs, D]`` (``-1`` = identity step)."""
-    _check_inputs(None, k, v, g, beta, initial_state)
+    check_inputs(None, k, v, g, beta, initial_state)
     bs, _, _, dk = k.shape
     if path.dim() != 2 or path.shape[0] != bs:
         raise ValueError(f"path must be [bs={bs}, D]; got {tuple(path.shape)}")

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_spec.patching import udiff
+import sglang_spec.patching.udiff as udiff
 from sglang_spec.paths import shipped_dir
 
 MANIFEST = "manifest.json"

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_spec.plugin import adapter
+import sglang_spec.plugin.adapter as adapter
 
 logger = logging.getLogger("sglang_spec.plugin")
 

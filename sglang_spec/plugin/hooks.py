@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_spec.plugin import adapter
+import sglang_spec.plugin.adapter as adapter
 from sglang_spec.plugin.config import ALGORITHM_NAME, runtime_config
 
 logger = logging.getLogger("sglang_spec.plugin")

@@ -49,7 +49,7 @@ from sglang.srt.speculative.spec_utils import (
     draft_tp_context,
 )
 
-from sglang_spec.plugin import adapter
+import sglang_spec.plugin.adapter as adapter
 from sglang_spec.plugin.config import runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer

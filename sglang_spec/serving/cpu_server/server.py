@@ -21,7 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sglang_spec.serving.cpu_server import chat_api, generate_api
+import sglang_spec.serving.cpu_server.chat_api as chat_api
+import sglang_spec.serving.cpu_server.generate_api as generate_api
 from sglang_spec.serving.cpu_server.codec import ByteCodec
 from sglang_spec.serving.cpu_server.responses import BadRequest
 
