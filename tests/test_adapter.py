@@ -214,9 +214,11 @@ def test_draft_tp_context_enters_the_form_of_the_workers_release(monkeypatch):
 
 
 def test_draft_tp_context_with_the_installed_release():
-    from sglang.srt.configs.draft_parallel import DraftParallelLayout
-
-    single = DraftParallelLayout(tp_group=None, attn_tp_size=1)
+    draft_parallel = pytest.importorskip(
+        "sglang.srt.configs.draft_parallel",
+        reason="a pin without DraftParallelLayout (0.5.22): tests/test_patching.py enters its form",
+    )
+    single = draft_parallel.DraftParallelLayout(tp_group=None, attn_tp_size=1)
     with adapter.draft_tp_context(SimpleNamespace(draft_parallel_layout=single)) as ctx:
         assert ctx is None  # no attention-TP split: the drafter keeps the target's placement
 
