@@ -177,3 +177,61 @@ def test_unsupported_drafter_heads():
     ):
         why = adapter.unsupported_drafter_head(SimpleNamespace(**{**plain, field: value}))
         assert why is not None and "not supported" in why, field
+
+
+# ------------------------------------------------- the drafter's TP context on either pin
+
+
+def test_draft_tp_context_enters_the_form_of_the_workers_release(monkeypatch):
+    import sglang.srt.speculative.spec_utils as spec_utils
+
+    entered = []
+
+    class Entered:
+        def __init__(self, arg):
+            self.arg = arg
+
+        def __enter__(self):
+            entered.append(self.arg)
+
+        def __exit__(self, *exc):
+            return False
+
+    layout = object()  # 0.5.23: DFlashWorkerV2.draft_parallel_layout, a DraftParallelLayout
+    monkeypatch.setattr(spec_utils, "draft_tp_context", lambda layout: Entered(layout))
+    with adapter.draft_tp_context(SimpleNamespace(draft_parallel_layout=layout)):
+        pass
+
+    def draft_tp_context_0_5_22(owns_attention: bool):  # spec_utils.py:766 in 0.5.22
+        assert isinstance(owns_attention, bool), owns_attention
+        return Entered(owns_attention)
+
+    monkeypatch.setattr(spec_utils, "draft_tp_context", draft_tp_context_0_5_22)
+    for owns in (True, False):
+        with adapter.draft_tp_context(SimpleNamespace(draft_owns_attention=owns)):
+            pass
+    assert entered == [layout, True, False]
+
+
+def test_draft_tp_context_with_the_installed_release():
+    draft_parallel = pytest.importorskip(
+        "sglang.srt.configs.draft_parallel",
+        reason="a pin without DraftParallelLayout (0.5.22): tests/test_patching.py enters its form",
+    )
+    single = draft_parallel.DraftParallelLayout(tp_group=None, attn_tp_size=1)
+    with adapter.draft_tp_context(SimpleNamespace(draft_parallel_layout=single)) as ctx:
+        assert ctx is None  # no attention-TP split: the drafter keeps the target's placement
+
+
+def test_each_pin_differs_from_0_5_23_exactly_where_the_survey_says():
+    """The adapter's table and the pin survey's ADAPTED record (which decides the support
+    matrix) name the same absorbed internals."""
+    from sglang_spec.patching import survey
+
+    base = adapter.EXPECTED["0.5.23"]
+    assert set(survey.ADAPTED) <= set(adapter.EXPECTED)
+    for version, table in adapter.EXPECTED.items():
+        differs = {k for k in base.keys() | table.keys() if base.get(k) != table.get(k)}
+        adapted = survey.ADAPTED.get(version, {})
+        named = set(adapted) | {need.target for need in adapted.values()}
+        assert differs == named, (version, sorted(differs ^ named))

@@ -5,7 +5,8 @@ The real-wheel tests download `sglang==<pin>` once into ~/.cache/sglang-spec-whe
 under a pytest tmp dir, and run check -> apply -> apply -> check -> import -> revert, then compare
 every file of the tree with its pre-apply hash. The import step runs on CPU against the unpacked
 pin: the patched module's KV reserve, and the plug-in loaded through SGLang's own
-`load_plugins()` so that `SpeculativeAlgorithm.from_string("DDTREE")` resolves. Each pin's wheel
+`load_plugins()` so that `SpeculativeAlgorithm.from_string("DDTREE")` resolves, and the plug-in's
+adapter check (`adapter.missing_internals()`) passing against the pin. Each pin's wheel
 is also surveyed again and must give its committed row of patches/support.json.
 """
 
@@ -438,8 +439,13 @@ print("P3-OK")
 """
 
 # The plug-in loaded the way SGLang loads it (entry point group sglang.srt.plugins), DDTREE
-# resolved by name, and the worker class built on this release's DFlashWorkerV2.
+# resolved by name, and the worker class built on this release's DFlashWorkerV2; every SGLang
+# internal the plug-in's adapter names met by this release, and the drafter's TP context entered
+# through the adapter with this release's own draft_tp_context (a worker of the release's form
+# with no attention-TP split).
 PLUGIN_CHECK = """\
+from types import SimpleNamespace
+
 from sglang.srt.plugins import load_plugins
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -451,6 +457,21 @@ assert algo.is_dflash_family() and not algo.is_eagle()
 worker = algo.factory(None)
 assert worker.__name__ == "DDTreeWorker" and issubclass(worker, DFlashWorkerV2), worker.__mro__
 print("PLUGIN-OK")
+
+from sglang_spec.plugin import adapter
+
+problems = adapter.missing_internals()
+assert not problems, "\\n".join(problems)
+try:
+    from sglang.srt.configs.draft_parallel import DraftParallelLayout
+except ImportError:  # 0.5.22: the worker holds a bool
+    drafter = SimpleNamespace(draft_owns_attention=False)
+else:
+    single = DraftParallelLayout(tp_group=None, attn_tp_size=1)
+    drafter = SimpleNamespace(draft_parallel_layout=single)
+with adapter.draft_tp_context(drafter) as ctx:
+    assert ctx is None, ctx
+print("ADAPTER-OK", len(adapter.EXPECTED[adapter.installed_sglang_version()]))
 """
 
 
@@ -479,9 +500,8 @@ def test_real_wheel_apply_check_import_revert(version, tmp_path, capsys):
     assert code == 0 and "state: applied" in out
 
     r = import_in_subprocess(root, P3_CHECK + PLUGIN_CHECK)
-    assert r.returncode == 0 and "P3-OK" in r.stdout and "PLUGIN-OK" in r.stdout, (
-        r.stdout[-2000:] + r.stderr[-3000:]
-    )
+    ok = all(f"{w}-OK" in r.stdout for w in ("P3", "PLUGIN", "ADAPTER"))
+    assert r.returncode == 0 and ok, r.stdout[-2000:] + r.stderr[-3000:]
 
     code, out, _ = run_cli("revert", *args, capsys=capsys)
     assert code == 0 and "restored" in out

@@ -187,7 +187,9 @@ NEEDS: tuple[Need, ...] = (
 # fmt: on
 
 # Needs a release meets in another form that the plug-in's adapter (sglang_spec/plugin/adapter.py)
-# handles: release -> {target of the 0.5.23 need: the need as that release has it}.
+# handles: release -> {target of the 0.5.23 need: the need as that release has it}. Kept here, not
+# derived from adapter.EXPECTED (which would make the patch tool import the plug-in and torch);
+# tests/test_adapter.py checks that both name the same internals.
 ADAPTED: dict[str, dict[str, Need]] = {
     "0.5.22": {
         f"{DW}.draft_parallel_layout": _n(

@@ -14,7 +14,9 @@ on three kinds of internals:
 (present; for a callable its parameters). :func:`missing_internals` checks the installed SGLang
 against it, and ``tests/test_adapter.py`` runs that check in CI, so an upstream rename fails with
 the internal's name and the SGLang version instead of crashing a server. A second pin is one more
-entry of :data:`EXPECTED` (copy the last one and edit what changed).
+entry of :data:`EXPECTED` (copy the last one and edit what changed), and an internal a pin has
+in another form is absorbed by one function here that decides by what the worker has
+(:func:`draft_tp_context`: 0.5.22's ``draft_owns_attention`` or 0.5.23's ``draft_parallel_layout``).
 
 Nothing here imports SGLang at module import time.
 """
@@ -375,8 +377,19 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.distributed.parallel_state:GroupCoordinator.world_size": Member(),
 }
 
+# 0.5.22 differs from 0.5.23 only in how the drafter's TP placement is held and entered (the same
+# two needs sglang_spec.patching.survey.ADAPTED records; tests/test_adapter.py keeps them equal):
+# a bool ``draft_owns_attention`` (dflash_worker_v2.py:414) instead of a resolved
+# ``DraftParallelLayout``, and ``draft_tp_context(owns_attention)`` (spec_utils.py:766).
+# :func:`draft_tp_context` absorbs both.
+_SGLANG_0_5_22: dict[str, Expectation] = {
+    **{k: v for k, v in _SGLANG_0_5_23.items() if k != f"{_W}.draft_parallel_layout"},
+    f"{_W}.draft_owns_attention": Member(),
+    f"{_SPEC_UTILS}:draft_tp_context": Sig(("owns_attention",)),
+}
+
 # SGLang version -> what the plug-in expects of it.
-EXPECTED: dict[str, dict[str, Expectation]] = {"0.5.23": _SGLANG_0_5_23}
+EXPECTED: dict[str, dict[str, Expectation]] = {"0.5.22": _SGLANG_0_5_22, "0.5.23": _SGLANG_0_5_23}
 
 
 # ------------------------------------------------------------------------------- checks
@@ -537,6 +550,17 @@ def resize_draft_block(worker: Any, block_size: int) -> None:
     )
     for name in _DRAFT_BLOCK_BUFFERS:
         setattr(worker, name, None)
+
+
+def draft_tp_context(worker: Any) -> Any:
+    """The context the drafter's work runs in (its TP placement), entered as the worker's own
+    SGLang release enters it: 0.5.23 resolves a ``draft_parallel_layout``, 0.5.22 keeps the bool
+    ``draft_owns_attention``; ``spec_utils.draft_tp_context`` takes whichever its release has."""
+    from sglang.srt.speculative.spec_utils import draft_tp_context as enter
+
+    if hasattr(worker, "draft_parallel_layout"):
+        return enter(worker.draft_parallel_layout)
+    return enter(worker.draft_owns_attention)
 
 
 def unsupported_drafter_head(worker: Any) -> str | None:

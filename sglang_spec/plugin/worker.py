@@ -46,7 +46,6 @@ from sglang.srt.speculative.spec_utils import (
     GrammarTree,
     build_grammar_vocab_mask,
     commit_mamba_states_after_verify,
-    draft_tp_context,
 )
 
 import sglang_spec.plugin.adapter as adapter
@@ -229,7 +228,7 @@ class DDTreeWorker(DFlashWorkerV2):
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
         plan.bind(fb, self.draft_model_runner.kv_index_translator)
-        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+        with torch.inference_mode(), adapter.draft_tp_context(self):
             out = self.draft_model_runner.forward(fb)
         hidden = out.logits_output.hidden_states
         if hidden is None:
@@ -246,7 +245,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if lm_head is None or not hasattr(lm_head, "weight"):
             raise RuntimeError("DDTREE needs a dense target lm_head.")
         all_gather = adapter.tp_all_gather(lm_head)  # the target's TP group, outside the context
-        with draft_tp_context(self.draft_parallel_layout):
+        with adapter.draft_tp_context(self):
             return sharded_topk(
                 draft_hidden[:, 1:, :],
                 lm_head.weight,
