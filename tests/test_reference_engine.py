@@ -176,6 +176,7 @@ def test_stop_tokens_and_stats(target):
     )
     assert out.tokens == ar.tokens[: first + 1] and out.finish_reason == "stop"
     assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
+    assert all(set(s.seconds) == set(out.stage_seconds) for s in out.steps)  # every stage timed
     wall = time.perf_counter() - start
     assert all(t > 0 for s in out.steps for t in s.seconds.values())
     assert sum(out.stage_seconds.values()) <= wall, (out.stage_seconds, wall)
