@@ -176,6 +176,7 @@ def test_stop_tokens_and_stats(target):
     )
     assert out.tokens == ar.tokens[: first + 1] and out.finish_reason == "stop"
     assert set(out.stage_seconds) == {"draft", "build", "verify", "walk", "commit"}
+    assert all(set(s.seconds) == set(out.stage_seconds) for s in out.steps)  # every stage timed
     wall = time.perf_counter() - start
     assert all(t > 0 for s in out.steps for t in s.seconds.values())
     assert sum(out.stage_seconds.values()) <= wall, (out.stage_seconds, wall)
@@ -333,10 +334,18 @@ def test_bad_arguments_are_named(target):
     ids = torch.tensor([PROMPTS[0]])
     cases = [
         (dict(method="eagle"), "method must be one of"),
-        (dict(method="ddtree", budget=0), "budget must be an integer >= 1"),
-        (dict(method="ar", max_new_tokens=0), "max_new_tokens must be >= 1"),
-        (dict(method="ar", temperature=-1.0), "temperature"),
-        (dict(method="ar", top_p=0.0), "top_p"),
+        (dict(method="ddtree", budget=0), r"budget must be an integer >= 1 for ddtree; got 0"),
+        (dict(method="ddtree", budget=2.5), r"budget must be an integer >= 1 for ddtree; got 2.5"),
+        (
+            dict(method="ddtree", budget=True),
+            r"budget must be an integer >= 1 for ddtree; got True",
+        ),
+        (dict(method="ar", max_new_tokens=0), "max_new_tokens must be >= 1; got 0"),
+        (dict(method="ar", temperature=-1.0), r"need temperature >= 0 .*temperature=-1.0"),
+        (dict(method="ar", top_p=0.0), r"0 < top_p <= 1; .*top_p=0.0"),
+        (dict(method="ar", top_p=1.5), r"0 < top_p <= 1; .*top_p=1.5"),
+        (dict(method="ar", top_k=2.5), r"top_k must be an integer .*; got 2.5"),
+        (dict(method="ar", top_k=True), r"top_k must be an integer .*; got True"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -349,3 +358,7 @@ def test_bad_arguments_are_named(target):
         warnings.simplefilter("error")  # argument checks happen before any decoding
         with pytest.raises(ValueError):
             generate(target, drafter, ids, "ddtree", budget=-3)
+    # Valid edge cases: AR needs no drafter, only DDTREE reads the budget, a 1-token prompt.
+    assert len(generate(target, None, ids, "ar", max_new_tokens=2).tokens) == 2
+    assert len(generate(target, drafter, ids, "dflash", budget=0, max_new_tokens=2).tokens) == 2
+    assert len(generate(target, drafter, ids[:, :1], "ddtree", max_new_tokens=2).tokens) == 2

@@ -10,6 +10,7 @@ deterministic float32 values).
 import os
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from loadtests.prompts import load_prompts
@@ -42,6 +43,7 @@ def test_fixtures_are_small_and_complete():
     assert load_prompts("heldout") == PROMPTS  # the load generator's "heldout" set is this file
     assert heldout_prompts(3) == PROMPTS[:: len(PROMPTS) // 3][:3]  # spread over the modules
     assert heldout_prompts(3, spread=False) == PROMPTS[:3]
+    assert heldout_prompts(len(PROMPTS)) == PROMPTS
 
 
 def test_loader_names_a_bad_pair_or_directory(tmp_path):
@@ -60,6 +62,7 @@ def test_pair_loads_offline(pair):
     )
     expected = "Qwen3_5ForCausalLM" if kind == "hybrid" else "Qwen3ForCausalLM"
     assert type(target).__name__ == expected
+    assert target.dtype == torch.float32  # stored in bf16; decoded in float32 (deterministic)
 
 
 # Tokens per verify step (SGLang's completion_tokens / spec_verify_ct), measured in float32 on this
