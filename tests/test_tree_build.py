@@ -250,6 +250,35 @@ def test_merge_sharded_topk_unsorted_shard_lists():
     assert_topk_equal(m_logq, m_ids, *oracle_topk(x, k))
 
 
+def test_merge_sharded_topk_k_up_to_tp_times_k_local():
+    # k ranges over [1, tp * k_local]: at the top every gathered entry is returned, in order
+    bs, L, V, kl = 2, 2, 6, 3
+    x = make_logits(31, bs, L, V, "normal")
+    vals, ids, lse = shard_inputs(x, 2, kl)
+    m_logq, m_ids = merge_sharded_topk(vals, ids, lse, 2 * kl)
+    assert_topk_equal(m_logq, m_ids, *oracle_topk(x, 2 * kl))
+    for k in (0, 2 * kl + 1):
+        with pytest.raises(ValueError, match=rf"^k must be in \[1, tp\*k_local=6\]; got {k}$"):
+            merge_sharded_topk(vals, ids, lse, k)
+
+
+def test_merge_sharded_topk_refuses_each_bad_shape_alone():
+    vals, ids, lse = shard_inputs(
+        make_logits(32, 2, 2, 6, "normal"), 2, 3
+    )  # [2, 2, 2, 3], [2, 2, 2]
+    cases = [
+        (vals, ids[..., :2], lse, "(2, 2, 2, 3), (2, 2, 2, 2), (2, 2, 2)"),  # ids differ
+        (vals[0], ids[0], torch.zeros(2, 2, 3), "(2, 2, 3), (2, 2, 3), (2, 2, 3)"),  # not 4-d
+        (vals, ids, lse[:, :, :1], "(2, 2, 2, 3), (2, 2, 2, 3), (2, 2, 1)"),  # lse differs
+    ]
+    for v, i, s, shapes in cases:
+        with pytest.raises(ValueError) as e:
+            merge_sharded_topk(v, i, s, 2)
+        assert str(e.value) == (
+            f"expected vals/ids [tp, bs, L, k] and lse [tp, bs, L]; got {shapes}"
+        )
+
+
 def test_merge_sharded_then_build_equals_build():
     bs, L, V, B = 2, 3, 8, 6
     x = make_logits(21, bs, L, V)

@@ -22,6 +22,7 @@ from tree_testing import SETTINGS, fields, make_tree
 from sglang_spec.tree import (
     TreeMaskMode,
     ancestor_mask,
+    bitpack_dtype,
     build_ddtree,
     sglang_tree_abi,
     tree_positions,
@@ -167,6 +168,64 @@ def test_bitpack_dtypes_and_chain_values(N, dtype):
     abi = sglang_tree_abi(tree, torch.tensor([3]), mode=TreeMaskMode.QLEN_ONLY_BITPACKING)
     assert abi.tree_mask.dtype == dtype
     assert abi.tree_mask.to(torch.int64).tolist() == [(1 << (i + 1)) - 1 for i in range(N)]
+
+
+@pytest.mark.parametrize("width,dtype", [(1, torch.uint8), (32, torch.uint32)])
+def test_bitpack_dtype_accepts_1_to_32(width, dtype):
+    assert bitpack_dtype(width) == dtype
+
+
+@pytest.mark.parametrize("width", [0, 33])
+def test_bitpack_dtype_refuses_outside_1_to_32(width):
+    with pytest.raises(ValueError, match=rf"holds 1 to 32 verify tokens .*; got width {width}$"):
+        bitpack_dtype(width)
+
+
+def test_abi_33_nodes_only_bitpacking_refuses():
+    # the 32-token limit is the bit-packed word's: the other modes lay out a 33-node tree
+    f, tree, seq_lens = random_case(9, 2, 32, 4, 3)
+    for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        abi = sglang_tree_abi(tree, seq_lens, mode=mode)
+        assert_abi_equal(abi, O.oracle_abi(f, seq_lens, int(mode)), mode, 33, 2, seq_lens)
+    with pytest.raises(ValueError, match="holds 1 to 32 verify tokens .*; got width 33$"):
+        sglang_tree_abi(tree, seq_lens, mode=TreeMaskMode.QLEN_ONLY_BITPACKING)
+
+
+def test_abi_bad_mode_and_seq_lens_messages():
+    _, tree, seq_lens = random_case(3, 2, 5, 3, 3)
+    with pytest.raises(
+        ValueError,
+        match=r"^mode must be one of \['FULL_MASK', 'QLEN_ONLY', 'QLEN_ONLY_BITPACKING'\] "
+        r"\(0, 1, 2\); got 3$",
+    ):
+        sglang_tree_abi(tree, seq_lens, mode=3)
+    with pytest.raises(ValueError, match=r"^seq_lens must be \[bs=2\]; got shape \(3,\)$"):
+        sglang_tree_abi(tree, torch.tensor([1, 2, 3]))
+
+
+def test_abi_seq_lens_sum_checked_in_full_mask_only():
+    _, tree, seq_lens = random_case(4, 2, 5, 3, 3)
+    true_sum = int(seq_lens.sum())
+    with pytest.raises(
+        ValueError,
+        match=rf"^seq_lens_sum={true_sum + 1} disagrees with sum\(seq_lens\)={true_sum}$",
+    ):
+        sglang_tree_abi(tree, seq_lens, mode=TreeMaskMode.FULL_MASK, seq_lens_sum=true_sum + 1)
+    # the mask of the other modes has no context part: seq_lens_sum is not read there
+    for mode in (TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING):
+        a = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=true_sum + 1)
+        assert torch.equal(a.tree_mask, sglang_tree_abi(tree, seq_lens, mode=mode).tree_mask)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_abi_tensors_on_the_trees_device_not_the_default(mode):
+    _, tree, seq_lens = random_case(6, 2, 6, 3, 3)
+    with torch.device("meta"):
+        abi = sglang_tree_abi(tree, seq_lens, mode=mode)
+    tensors = {k: v for k, v in vars(abi).items() if isinstance(v, torch.Tensor)}
+    assert len(tensors) == 6
+    for name, t in tensors.items():
+        assert t.device == tree.tokens.device, name
 
 
 @SETTINGS

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mutation testing of the algorithm core (sglang_spec/tree, gdn, reference) with mutmut, on a CPU
-# box -- not in CI (about an hour on 2 shared cores). What is mutated and which tests run:
+# Mutation testing of the algorithm core (sglang_spec/tree, gdn, reference) and the plugin's
+# validation (plugin/config.py) with mutmut, on a CPU box -- not in CI (about an hour on 2 shared cores). What is mutated and which tests run:
 # [tool.mutmut] in pyproject.toml; the last run's kill rate and reviewed survivors:
 # benchmarks/results/mutation.md.
 #

@@ -25,7 +25,7 @@ def bitpack_dtype(width: int) -> torch.dtype:
     """Word type of a bit-packed mask row, as SGLang picks it (uint8 / uint16 / uint32 by width)."""
     if not 1 <= width <= 32:
         raise ValueError(
-            f"QLEN_ONLY_BITPACKING holds at most 32 verify tokens per request; got width {width}"
+            f"QLEN_ONLY_BITPACKING holds 1 to 32 verify tokens per request; got width {width}"
         )
     bits = 8 if width <= 8 else 16 if width <= 16 else 32
     return {8: torch.uint8, 16: torch.uint16, 32: torch.uint32}[bits]
