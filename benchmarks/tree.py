@@ -86,19 +86,19 @@ def check(logits, budget, seq_lens, gen) -> None:
     tgt = _targets_following_tree(tree, V, gen)
     walk = walk_greedy(tree, tgt)
     if logits.is_cuda:  # the same calls on CPU tensors run the torch implementation
-        for include_chain in (False, True):
-            gpu_tree = build_ddtree_from_topk(logq, ids, budget, roots, include_chain)
-            cpu_tree = build_ddtree_from_topk(
-                logq.cpu(), ids.cpu(), budget, roots.cpu(), include_chain
-            )
+        gpu = {False: tree, True: build_ddtree_from_topk(logq, ids, budget, roots, True)}
+        cpu = {
+            chain: build_ddtree_from_topk(logq.cpu(), ids.cpu(), budget, roots.cpu(), chain)
+            for chain in gpu
+        }
+        for chain in gpu:
             for name in ("tokens", "depths", "parents", "scores", "num_nodes"):
-                if not torch.equal(getattr(cpu_tree, name), getattr(gpu_tree, name).cpu()):
+                if not torch.equal(getattr(cpu[chain], name), getattr(gpu[chain], name).cpu()):
                     raise AssertionError(
                         f"Triton selection differs from the torch selection: {name} "
-                        f"(include_chain={include_chain})"
+                        f"(include_chain={chain})"
                     )
-        cpu_tree = build_ddtree_from_topk(logq.cpu(), ids.cpu(), budget, roots.cpu(), False)
-        w2 = walk_greedy(cpu_tree, tgt.cpu())
+        w2 = walk_greedy(cpu[False], tgt.cpu())
         if not (
             torch.equal(w2.accepted, walk.accepted.cpu())
             and torch.equal(w2.bonus, walk.bonus.cpu())
