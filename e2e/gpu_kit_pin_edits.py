@@ -59,6 +59,17 @@ EDITS = {
             "    from sgl_kernel import moe_align_block_size, moe_sum\n",
             f"    from sgl_kernel import moe_sum{KIT}: the shim has no moe_align_block_size\n",
         ),
+        (  # eagle_sample's T > 0 renorm (DDTREE's walk), imported inside the function
+            "sglang/srt/speculative/eagle_utils.py",
+            "        elif _is_cuda:\n"
+            "            from flashinfer.sampling import top_k_renorm_probs as top_k_renorm_prob\n"
+            "            from flashinfer.sampling import top_p_renorm_probs as top_p_renorm_prob\n",
+            f"        elif _is_cuda:{KIT}: Triton renorm\n"
+            "            from sglang.kernels.ops.sampling.renorm_triton import (\n"
+            "                top_k_renorm_probs_triton as top_k_renorm_prob,\n"
+            "                top_p_renorm_probs_triton as top_p_renorm_prob,\n"
+            "            )\n",
+        ),
     ],
 }
 

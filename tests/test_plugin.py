@@ -204,6 +204,29 @@ def test_cuda_graph_hook(monkeypatch):
     assert vi.max_tree_depth == 16 and vi.tree_topk == -1 and vi.retrieve_index is None
 
 
+def test_accept_index_fits_the_verify_width_below_the_horizon():
+    """A budget below the drafter horizon (width 5, L = 15): eagle_sample's accept_index has
+    ``max_tree_depth`` columns, and EAGLE's tree compaction refuses more columns than the width
+    (the 0.5.22 H200 run crashed there with spec_steps = L)."""
+    from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
+
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
+
+    for width, depth in ((5, 5), (16, 16), (17, 16), (65, 16)):
+        cfg = DDTreeConfig(
+            block_size=16, verify_width=width, topk_per_depth=4, tree_temperature=1.0
+        )
+        vi = DDTreeVerifyInput.create(cfg, width=width, custom_mask=None)
+        assert vi.max_tree_depth == depth
+        bs = 2
+        accept_index = torch.full((bs, vi.max_tree_depth), -1, dtype=torch.int32)
+        accept_index[:, 0] = torch.arange(bs) * width
+        x = torch.arange(bs * width)
+        assert (
+            _compact_accept_to_front(x, accept_index, bs, num_draft_tokens=width).shape == x.shape
+        )
+
+
 # ------------------------------------------------------------- the config
 
 
@@ -637,6 +660,9 @@ def test_simulated_acceptance_follows_the_best_path_clipped_to_it():
         got_lens, got_index = simulated_acceptance(tree, drawn_lens, width)
         assert got_lens.tolist() == lens and got_index.tolist() == index
         assert got_lens.dtype == got_index.dtype == torch.int32
+    # a width below the horizon: accept_index has width columns (depth <= width - 1)
+    got_lens, got_index = simulated_acceptance(tree, torch.full((2,), 4, dtype=torch.int32), 3)
+    assert got_lens.tolist() == [3, 3] and got_index.tolist() == [[0, 2, 3], [3, 4, 5]]
 
 
 def test_simulated_acceptance_env():

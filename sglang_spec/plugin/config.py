@@ -86,6 +86,13 @@ class DDTreeConfig:
         return self.block_size - 1
 
     @property
+    def max_depth(self) -> int:
+        """The deepest a tree of this budget can reach: ``min(L, budget)``. EAGLE's
+        ``accept_index`` has ``max_depth + 1`` columns, and its tree compaction
+        (``_compact_accept_to_front``) needs that to fit in the verify width."""
+        return min(self.horizon, self.budget)
+
+    @property
     def eagle_topk(self) -> int:
         """Value for SGLang's ``speculative_eagle_topk``.
 

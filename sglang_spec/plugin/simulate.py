@@ -43,11 +43,12 @@ def best_path(tree: DraftTree) -> torch.Tensor:
 def simulated_acceptance(
     tree: DraftTree, drawn_lens: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(accept_lens [bs], accept_index [bs, L+1])`` in ``eagle_sample``'s layout for the drawn
+    """``(accept_lens [bs], accept_index [bs, D+1])`` in ``eagle_sample``'s layout (``D =
+    min(L, width - 1)``, the deepest a tree of this width reaches) for the drawn
     acceptance lengths (tokens per step, the bonus included), along each tree's best path and
     clipped to its length. ``accept_index`` holds flat node ids ``b * width + slot``, ``-1``
     padded; both keep ``drawn_lens``'s dtype."""
-    path = best_path(tree)
+    path = best_path(tree)[:, : min(tree.horizon, width - 1) + 1]
     lens = torch.minimum(drawn_lens.to(path.dtype), (path >= 0).sum(dim=1))
     cols = torch.arange(path.shape[1], device=path.device)
     rows = torch.arange(path.shape[0], device=path.device)[:, None] * width

@@ -26,7 +26,8 @@ class DDTreeVerifyInput(EagleVerifyInput):
     Subclasses EagleVerifyInput so that SGLang's attention backends, the hybrid linear-attention
     backend (update_verify_buffers_to_fill_after_draft and graph replay refresh retrieve_* only
     for EagleVerifyInput instances) and eagle_sample treat it as a tree. ``spec_steps`` holds the
-    drafter horizon L, so ``max_tree_depth = L + 1`` bounds the accept_index width.
+    deepest a tree can reach, ``min(L, budget)``, so ``max_tree_depth = spec_steps + 1`` is the
+    accept_index width and never exceeds the verify width.
     """
 
     @property
@@ -56,7 +57,7 @@ class DDTreeVerifyInput(EagleVerifyInput):
             retrieve_next_token=None if abi is None else abi.retrieve_next_token,
             retrieve_next_sibling=None if abi is None else abi.retrieve_next_sibling,
             retrieve_cum_len=None,
-            spec_steps=config.horizon,
+            spec_steps=config.max_depth,
             topk=config.eagle_topk,
             draft_token_num=int(width),
             capture_hidden_mode=CaptureHiddenMode.FULL,
