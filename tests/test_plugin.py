@@ -704,11 +704,13 @@ def test_walk_stage_applies_simulated_acceptance(monkeypatch):
         [[0.0, -2.0, -0.5, -1.0, -3.0], [0.0, -0.1, -0.2, -0.3, float("-inf")]],
         horizon=3,
     )
-    verified = SimpleNamespace(logits_output=None, grammar_mask=None)
-    walked = worker.walk_stage("batch", tree, "verify_input", verified)
+    logits = SimpleNamespace(next_token_logits=torch.zeros(10, 4))
+    verified = SimpleNamespace(logits_output=logits, grammar_mask=None)
+    batch = SimpleNamespace(sampling_info=SimpleNamespace(is_all_greedy=True))
+    walked = worker.walk_stage(batch, tree, "verify_input", verified)
     assert walked.accept_index is chain_index  # off: eagle_sample's result as is
     worker.config = DDTreeConfig(4, 5, 4, 1.0, simulated_accept_len=3.0)
-    walked = worker.walk_stage("batch", tree, "verify_input", verified)
+    walked = worker.walk_stage(batch, tree, "verify_input", verified)
     assert walked.predict is predict
     assert walked.accept_lens.tolist() == [3, 3]
     assert walked.accept_index.tolist() == [[0, 2, 3, -1], [5, 6, 7, -1]]

@@ -280,6 +280,50 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "watermark_full_mask",
         )
     ),
+    # --- walk_stage at T > 0 (eagle_sample's sampling branch around sample_node_tokens)
+    "sglang.srt.speculative.eagle_utils:_seeded_verify_coins": Sig(
+        ("sampling_seed", "seq_lens", "draft_token_num", "device")
+    ),
+    "sglang.kernels.ops.speculative.spec_tree:verify_tree_greedy_func": Sig(
+        (
+            "predicts",
+            "accept_index",
+            "accept_token_num",
+            "candidates",
+            "retrieve_index",
+            "retrieve_next_token",
+            "retrieve_next_sibling",
+            "target_predict",
+            "topk",
+        )
+    ),
+    "sglang.srt.sampling.penaltylib.repetition_penalty:apply_scaling_penalties": Sig(
+        ("logits", "scaling_penalties")
+    ),
+    "sglang.srt.utils.async_probe:sanitize_nan_logits": Sig(("logits", "msg")),
+    **{
+        f"sglang.srt.sampling.sampling_batch_info:SamplingBatchInfo.{f}": Member()
+        for f in (
+            "is_all_greedy",
+            "temperatures",
+            "top_ks",
+            "top_ps",
+            "min_ps",
+            "need_min_p_sampling",
+            "sampling_seed",
+            "acc_additive_penalties",
+            "acc_scaling_penalties",
+            "logit_bias",
+            "has_watermark_candidates",
+        )
+    },
+    **{
+        f"sglang.srt.sampling.sampling_params:SamplingParams.{f}": Member()
+        for f in ("top_k", "top_p")
+    },
+    "sglang.srt.distributed.parallel_state:GroupCoordinator.broadcast": Sig(
+        ("self", "input_", "src")
+    ),
     "sglang.kernels.ops.speculative.eagle:prepare_verify_commit_outputs": Sig(
         (
             "predict",
@@ -636,6 +680,23 @@ def append_target_hidden_to_draft_kv(
         positions=positions,
         commit_lens=commit_lens,
     )
+
+
+# ------------------------------------------------------------- EAGLE's verify coins
+
+
+def seeded_node_uniforms(batch: Any, width: int) -> torch.Tensor:
+    """``[bs * width]`` uniforms in ``[0, 1)`` for the tree's nodes from the requests' sampling
+    seeds: eagle_sample's seeded verify coins (murmur hash of seed, seq_len, node column)."""
+    from sglang.srt.speculative.eagle_utils import _seeded_verify_coins
+
+    coins, _ = _seeded_verify_coins(
+        sampling_seed=batch.sampling_info.sampling_seed,
+        seq_lens=batch.seq_lens,
+        draft_token_num=width,
+        device=batch.seq_lens.device,
+    )
+    return coins.reshape(-1)
 
 
 # ------------------------------------------------------------- EAGLE's tree commit

@@ -8,8 +8,9 @@ A decode step is one method per stage, called in order by ``forward_batch_genera
                           (sglang_spec.tree.sharded_topk: never gathers the vocabulary)
     tree_stage            build_ddtree_from_topk + sglang_tree_abi -> DDTreeVerifyInput
     verify_stage          eagle_prepare_for_verify + target TARGET_VERIFY forward
-    walk_stage            eagle_sample (verify_tree_greedy / target-only tree sampling); with
-                          SGLANG_SIMULATE_ACC_LEN (benchmarks) the tree's best path instead
+    walk_stage            greedy: eagle_sample (verify_tree_greedy); T > 0: sample_node_tokens
+                          (sglang_spec.tree.sampler, no [bs, N, V] buffers) + verify_tree_greedy;
+                          with SGLANG_SIMULATE_ACC_LEN (benchmarks) the tree's best path instead
     commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction
     append_context_stage  drafter context KV from the compacted accepted rows
 
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
+from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -38,6 +40,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     enable_num_token_non_padded,
 )
 from sglang.srt.runtime_context import get_parallel
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.eagle_utils import eagle_prepare_for_verify, eagle_sample
@@ -47,6 +50,7 @@ from sglang.srt.speculative.spec_utils import (
     build_grammar_vocab_mask,
     commit_mamba_states_after_verify,
 )
+from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 import sglang_spec.plugin.adapter as adapter
 from sglang_spec.plugin.config import runtime_config
@@ -54,6 +58,7 @@ from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
 from sglang_spec.tree import DraftTree, build_ddtree_from_topk, sharded_topk
+from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 
 logger = logging.getLogger("sglang_spec.plugin")
 
@@ -310,22 +315,92 @@ class DDTreeWorker(DFlashWorkerV2):
         return Verified(out.logits_output, fb, out.can_run_cuda_graph, grammar_mask)
 
     def walk_stage(self, batch, tree: DraftTree, verify_input, verified: Verified) -> Walked:
-        """Greedy / sample-and-walk over the tree (eagle_sample): greedy -> verify_tree_greedy_func;
-        T > 0 -> tree_speculative_sampling_target_only with draft_probs=0 and thresholds 1
-        (lossless for a deterministic tree)."""
-        predict, accept_lens, accept_index = eagle_sample(
-            verify_input,
-            batch,
-            verified.logits_output,
-            verified.grammar_mask,
-            watermark_state=self.target_worker.model_runner.watermark_state,
-        )
+        """Greedy / sample-and-walk over the tree, in ``eagle_sample``'s output layout.
+
+        All-greedy batches (and watermarked or SGLANG_SIMULATE_ACC_LEN runs) go through ``eagle_sample``: argmax + verify_tree_greedy_func. Other batches draw
+        the target's token at every node with ``sample_node_tokens`` (no ``[bs, N, V]`` copies;
+        eagle_sample's T > 0 path allocates several) and walk them with the same
+        verify_tree_greedy_func, after eagle_sample's logit edits (NaN, penalties, bias, grammar)."""
+        info = batch.sampling_info
+        logits = verified.logits_output.next_token_logits
+        watermark = self.target_worker.model_runner.watermark_state
+        if (
+            info.is_all_greedy
+            or (watermark is not None and info.has_watermark_candidates)
+            or self.config.simulated_accept_len is not None
+        ):
+            predict, accept_lens, accept_index = eagle_sample(
+                verify_input,
+                batch,
+                verified.logits_output,
+                verified.grammar_mask,
+                watermark_state=watermark,
+            )
+        else:
+            predict, accept_lens, accept_index = self._sample_and_walk(
+                batch, verify_input, logits, verified.grammar_mask
+            )
         if self.config.simulated_accept_len is not None:
             # Benchmarks only: keep the length eagle_sample drew, accept along the best path.
             accept_lens, accept_index = simulated_acceptance(
                 tree, accept_lens, self.config.verify_width
             )
         return Walked(predict, accept_lens, accept_index)
+
+    def _sample_and_walk(self, batch, verify_input, logits, grammar_mask):
+        """walk_stage at T > 0: eagle_sample's sampling branch with ``sample_node_tokens`` in place
+        of its dense softmax / top-k / top-p renorm and target-only tree kernel."""
+        info = batch.sampling_info
+        bs, n = len(batch.seq_lens), verify_input.draft_token_num
+        sanitize_nan_logits(logits, "verify: target model logits")
+        if info.acc_additive_penalties is not None:
+            logits.add_(torch.repeat_interleave(info.acc_additive_penalties, n, dim=0))
+        if info.acc_scaling_penalties is not None:
+            apply_scaling_penalties(
+                logits, torch.repeat_interleave(info.acc_scaling_penalties, n, dim=0)
+            )
+        if info.logit_bias is not None:
+            logits.add_(torch.repeat_interleave(info.logit_bias, n, dim=0))
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+        params = [r.sampling_params for r in batch.reqs]
+        bounds = SamplingBounds.of(
+            [sp.top_k for sp in params],
+            [sp.top_p for sp in params],
+            logits.shape[-1],
+            top_k_first=info.need_min_p_sampling,
+        )
+        coins = None if info.sampling_seed is None else adapter.seeded_node_uniforms(batch, n)
+        tokens = sample_node_tokens(
+            logits,
+            info.temperatures,
+            info.top_ks,
+            info.top_ps,
+            info.min_ps if info.need_min_p_sampling else None,
+            bounds,
+            uniforms=coins,
+        )
+        predict = torch.zeros(bs * n, dtype=torch.int32, device=logits.device)
+        accept_index = torch.full(
+            (bs, verify_input.max_tree_depth), -1, dtype=torch.int32, device=logits.device
+        )
+        num_correct = torch.empty((bs,), dtype=torch.int32, device=logits.device)
+        verify_tree_greedy_func(
+            predicts=predict,
+            accept_index=accept_index,
+            accept_token_num=num_correct,
+            candidates=verify_input.draft_token.reshape(bs, n),
+            retrieve_index=verify_input.retrieve_index,
+            retrieve_next_token=verify_input.retrieve_next_token,
+            retrieve_next_sibling=verify_input.retrieve_next_sibling,
+            target_predict=tokens.view(bs, n),
+            topk=verify_input.tree_topk,
+        )
+        group = get_parallel().tp_group  # DDTREE refuses DP attention (config.py)
+        if group.world_size > 1:  # ranks' float sums may differ: rank 0's draws decide
+            for t in (predict, accept_index, num_correct):
+                group.broadcast(t, src=0)
+        return predict, num_correct + 1, accept_index
 
     def commit_stage(self, batch, verified: Verified, walked: Walked, on_publish) -> Committed:
         """Commit the accepted path: GDN state at the last accepted node, bonus, logprobs, KV
