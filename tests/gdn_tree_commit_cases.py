@@ -20,7 +20,8 @@ not here):
   step;
 * ``pool``: ``MambaPool`` built for a GDN tree, a GDN chain and a KDA tree with the flag;
 * ``pricing``: ``replayssm_ring_bytes_per_req`` at the Qwen3.6-27B shape;
-* ``hook``: ``handle_linear_attn_backend`` on the tiny hybrid and on a KDA-classified copy of it.
+* ``hook``: ``handle_linear_attn_backend`` on the tiny hybrid and on a KDA-classified copy of it;
+* ``applied``: the patch series the DDTREE plug-in finds applied (``config.applied_patches``).
 """
 
 from __future__ import annotations
@@ -295,6 +296,13 @@ def hook_case(repo: str) -> dict:
     return out
 
 
+def applied_case() -> tuple[str, ...]:
+    """What the DDTREE plug-in reads of this (patched) SGLang to accept the flag."""
+    from sglang_spec.plugin.config import applied_patches
+
+    return applied_patches()
+
+
 def main(root: str, unpatched_fold: str, out_path: str, repo: str) -> None:
     sub = "sglang/kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
     patched = load_module("patched_fold", os.path.join(root, sub))
@@ -309,6 +317,7 @@ def main(root: str, unpatched_fold: str, out_path: str, repo: str) -> None:
             "pool": pool_case(),
             "pricing": pricing_case(),
             "hook": hook_case(repo),
+            "applied": applied_case(),
         },
         out_path,
     )

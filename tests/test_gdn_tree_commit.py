@@ -15,7 +15,8 @@ fold is a Triton kernel) and returns raw results; the references are computed he
   a KDA tree is refused;
 * the pricing at the Qwen3.6-27B shape is docs/gdn-tree-caching.md §3's table;
 * ``attention_hook`` accepts a GDN tree with the flag and the Triton verify backend and refuses a KDA
-  tree and the FlashInfer verify backend.
+  tree and the FlashInfer verify backend;
+* the DDTREE plug-in finds the series applied (what lets it accept the flag).
 """
 
 from __future__ import annotations
@@ -198,3 +199,11 @@ def test_attention_hook_accepts_gdn_trees_with_the_flag(results):
     msg = hook["gdn_tree_flashinfer_verify"]
     assert "--linear-attn-verify-backend='flashinfer'; valid: triton" in msg
     assert "--speculative-eagle-topk=4" in msg
+
+
+def test_plugin_sees_the_gdn_tree_patches_applied(results):
+    from sglang_spec.plugin.config import GDN_TREE_PATCHES
+
+    series = tuple(core.load_patch_set(PATCHES, "0.5.23").series)
+    assert results["applied"] == series
+    assert GDN_TREE_PATCHES[1] in series  # 0002 joins when the verify side lands
