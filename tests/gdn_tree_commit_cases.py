@@ -83,6 +83,22 @@ def rings(gen: torch.Generator, rows: int) -> dict[str, torch.Tensor]:
     }
 
 
+def released_fold_args(ring, state_idx, accept_lens, track_slots, track_steps) -> dict:
+    """The arguments of ``commit_gdn_replayssm_fold_all_layers`` the released fold already takes."""
+    return dict(
+        rawv_cache=ring["rawv"],
+        rawk_cache=ring["rawk"],
+        g_cache=ring["g"],
+        beta_cache=ring["beta"],
+        ssm_state_indices=state_idx,
+        accept_lens=accept_lens,
+        max_cache_len=N,
+        num_k_heads=HK,
+        mamba_track_indices=track_slots,
+        mamba_steps_to_track=track_steps,
+    )
+
+
 def tree_case(fold) -> dict:
     gen = torch.Generator().manual_seed(14)
     slots, rows = 8, 5
@@ -108,19 +124,10 @@ def tree_case(fold) -> dict:
     out = temporal.clone()
     fold.commit_gdn_replayssm_fold_all_layers(
         checkpoint_state=out,
-        rawv_cache=ring["rawv"],
-        rawk_cache=ring["rawk"],
-        g_cache=ring["g"],
-        beta_cache=ring["beta"],
-        ssm_state_indices=state_idx,
         ring_indices=ring_idx,
-        accept_lens=accept_lens,
         accept_index=accept_index,
         num_draft_tokens=N,
-        max_cache_len=N,
-        num_k_heads=HK,
-        mamba_track_indices=track_slots,
-        mamba_steps_to_track=track_steps,
+        **released_fold_args(ring, state_idx, accept_lens, track_slots, track_steps),
     )
     return {
         "temporal": temporal,
@@ -148,18 +155,7 @@ def chain_case(patched, unpatched) -> dict:
     track_steps = torch.tensor([3, -1, 4], dtype=torch.int64)
     ring = rings(gen, slots)
     temporal = torch.randn(LAYERS, slots, HV, V, K, generator=gen) * 0.3
-    common = dict(
-        rawv_cache=ring["rawv"],
-        rawk_cache=ring["rawk"],
-        g_cache=ring["g"],
-        beta_cache=ring["beta"],
-        ssm_state_indices=state_idx,
-        accept_lens=accept_lens,
-        max_cache_len=N,
-        num_k_heads=HK,
-        mamba_track_indices=track_slots,
-        mamba_steps_to_track=track_steps,
-    )
+    common = released_fold_args(ring, state_idx, accept_lens, track_slots, track_steps)
     before = temporal.clone()
     unpatched.commit_gdn_replayssm_fold_all_layers(checkpoint_state=before, **common)
     after = temporal.clone()
