@@ -81,10 +81,10 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
     name, *mods = spec.split("+")
     m = re.fullmatch(r"(ar|nextn|dflash)|ddtree([1-9]\d*)", name)
-    if m is None or set(mods) - {"graphs", "patched"}:
+    if m is None or set(mods) - {"graphs", "patched", "replayssm"}:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs and +patched"
+            "optional +graphs, +patched and +replayssm"
         )
     return (m.group(1) or "ddtree", int(m.group(2)) if m.group(2) else None, set(mods))
 
@@ -110,6 +110,8 @@ def server_config(
                 "speculative-dflash-block-size": block,
             }
         )
+    if "replayssm" in mods:  # GDN tree ReplaySSM (patches 0002/0003: combine with +patched)
+        ours["enable-linear-replayssm-spec"] = True
     graphs = kit.graph_args(graph_bs if "graphs" in mods else 0)
     speculative = cfg.algorithm in kit.SPECULATIVE
     return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})

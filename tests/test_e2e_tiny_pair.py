@@ -82,6 +82,17 @@ def test_tiny_pair_configs_parse_with_sglang(path, monkeypatch, sglang_parse):
     assert sa.cuda_graph_max_bs_decode == 8
 
 
+def test_replayssm_server_turns_the_flag_on(sglang_parse, monkeypatch):
+    monkeypatch.chdir(REPO)
+    for spec, on in (("ddtree64+replayssm+patched", True), ("ddtree64+patched", False)):
+        cfg = tiny_pair.server_config(
+            spec, str(PAIR / "hybrid"), str(PAIR / "hybrid-dflash"), block=16, graph_bs=0
+        )
+        sa = sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:])
+        assert sa.enable_linear_replayssm_spec is on, spec
+        assert sa.speculative_num_draft_tokens == 65
+
+
 @pytest.mark.parametrize("bad", ["eagle", "ddtree", "ddtree0", "ddtree16+fast", "AR", ""])
 def test_unknown_server_names_are_refused(bad):
     with pytest.raises(kit.HarnessError, match="valid: ar, nextn, dflash, ddtree<budget>"):

@@ -85,7 +85,7 @@ def loaded():
 @pytest.fixture
 def unpatched(monkeypatch):
     """The installed SGLang as released (the CPU environment may carry `sglang-spec patch`)."""
-    monkeypatch.setattr(config, "reserve_patch_applied", lambda: False)
+    monkeypatch.setattr(config, "applied_patches", lambda: ())
 
 
 def _resolve(models, *extra, draft="draft8", backend="flashinfer"):
@@ -197,11 +197,20 @@ def test_cuda_graph_hook(monkeypatch):
     cfg = DDTreeConfig(block_size=16, verify_width=33, topk_per_depth=5, tree_temperature=1.0)
     monkeypatch.setattr(hooks, "runtime_config", lambda: cfg)
     runner = _graph_runner("DDTREE", False, width=33)
-    vi = hooks.get_spec_info_around(upstream, runner, 4)
+    vi = hooks.get_spec_info_around(upstream, runner, 2 * 33)
     assert isinstance(vi, DDTreeVerifyInput)
     assert vi.custom_mask is runner.buffers.custom_mask
     assert vi.draft_token_num == 33 and vi.spec_steps == 15 and vi.topk == 5
     assert vi.max_tree_depth == 16 and vi.tree_topk == -1 and vi.retrieve_index is None
+    # A valid path table of the graph's shape (bs 2, width 33, depth L + 1 = 16): every node a
+    # child of the root, on the mask buffer's device.
+    paths = vi.retrieve_tree_paths
+    assert paths.shape == (2, 33, 16) and paths.dtype == torch.int32
+    assert paths.device == runner.buffers.custom_mask.device
+    want = torch.full((33, 16), -1, dtype=torch.int32)
+    want[:, 0] = 0
+    want[1:, 1] = torch.arange(1, 33)
+    assert torch.equal(paths[0], want) and torch.equal(paths[1], want)
 
 
 def test_accept_index_fits_the_verify_width_below_the_horizon():
@@ -294,7 +303,6 @@ REFUSED_FLAGS = (
     "--enable-two-batch-overlap",
     "--enable-pdmux",
     "--enable-multi-layer-eagle",
-    "--enable-linear-replayssm-spec",
     "--enable-linear-replayssm",
     "--enable-lora",
 )
@@ -417,9 +425,43 @@ def test_small_width_needs_the_reserve_patch(models, monkeypatch):
         _resolve(models, "--speculative-num-draft-tokens", "3")
     cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "4")
     assert cfg.speculative_num_draft_tokens == 4
-    monkeypatch.setattr(config, "reserve_patch_applied", lambda: True)
+    monkeypatch.setattr(config, "applied_patches", lambda: (config.RESERVE_PATCH,))
     cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "3")
     assert cfg.speculative_num_draft_tokens == 3 and cfg.speculative_dflash_block_size == 8
+
+
+@pytest.mark.usefixtures("loaded", "unpatched")
+def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
+    flag = "--enable-linear-replayssm-spec"
+    with pytest.raises(DDTreeConfigError, match=f"{flag} needs the GDN tree patches .*0002.*0003"):
+        _resolve(models, flag)
+    # the series of a release whose patch set has only P3 (0.5.22), applied: still refused
+    monkeypatch.setattr(config, "applied_patches", lambda: (config.RESERVE_PATCH,))
+    with pytest.raises(DDTreeConfigError, match="run `sglang-spec patch apply`"):
+        _resolve(models, flag)
+    monkeypatch.setattr(
+        config, "applied_patches", lambda: (config.RESERVE_PATCH, config.GDN_TREE_PATCHES[1])
+    )
+    with pytest.raises(DDTreeConfigError, match="patches 0002-gdn-tree-replayssm-verify.patch ap"):
+        _resolve(models, flag)
+    monkeypatch.setattr(
+        config, "applied_patches", lambda: (config.RESERVE_PATCH, *config.GDN_TREE_PATCHES)
+    )
+    cfg, _ = _resolve(models, flag)
+    assert cfg.enable_linear_replayssm_spec is True and cfg.speculative_eagle_topk == 7
+    cfg, _ = _resolve(models, flag, "--linear-attn-verify-backend", "triton")
+    assert cfg.speculative_algorithm == "DDTREE"
+    # the tree verify is the Triton kernel: an explicit FlashInfer verify, or the one SGLang
+    # derives from a FlashInfer decode backend, is refused
+    for extra in (
+        ("--linear-attn-verify-backend", "flashinfer"),
+        ("--linear-attn-decode-backend", "flashinfer"),
+    ):
+        with pytest.raises(DDTreeConfigError, match="verify-backend='flashinfer'; valid: triton"):
+            _resolve(models, flag, *extra)
+    # without the flag nothing about the patches is asked
+    monkeypatch.setattr(config, "applied_patches", lambda: ())
+    assert _resolve(models)[0].enable_linear_replayssm_spec is False
 
 
 @pytest.mark.usefixtures("loaded")
@@ -492,6 +534,19 @@ def test_verify_input_from_tree():
     assert vi.custom_mask.numel() == n * total + bs * n * n
     assert torch.equal(vi.custom_mask, abi.tree_mask)
     assert vi.num_tokens_per_req == n and vi.is_verify_input()
+    # The GDN tree verify's path table (patch 0002): node i's root-first path, -1 padded, read
+    # off the tree's parents here independently of sglang_spec.gdn.tree_paths.
+    paths = vi.retrieve_tree_paths
+    assert paths.shape == (bs, n, L + 1) and paths.dtype == torch.int32
+    assert paths.device == tree.parents.device
+    for b in range(bs):
+        for i in range(n):
+            want = [i]
+            while tree.parents[b, want[-1]] >= 0:
+                want.append(int(tree.parents[b, want[-1]]))
+            want = want[::-1]
+            assert paths[b, i].tolist() == want + [-1] * (L + 1 - len(want)), (b, i)
+    assert max(int(d) for d in tree.depths.flatten()) >= 2  # paths longer than root + node
     # Written in place into a (larger) captured buffer, as the graph needs ...
     buf = torch.zeros(10_000, dtype=torch.uint8)
     vi2 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=buf)

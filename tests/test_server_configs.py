@@ -68,6 +68,10 @@ def test_config_flags(path):
         assert a["speculative-dflash-block-size"] == 16
         assert a["attention-backend"] == "triton" and a["page-size"] == 1
         assert a["speculative-draft-model-path"].startswith("z-lab/")
+        # hybrid trees verify without per-node GDN states (patches 0002/0003)
+        assert a.get("enable-linear-replayssm-spec", False) is (MODELS[cfg.model] == "hybrid")
+    else:
+        assert "enable-linear-replayssm-spec" not in a
 
 
 def test_args_to_argv_encodings():
@@ -102,6 +106,7 @@ def test_sglang_parser_accepts_config(path, sglang_parse):
     if "page-size" in a:
         assert sa.page_size == a["page-size"]
     assert sa.disable_overlap_schedule is bool(a.get("disable-overlap-schedule", False))
+    assert sa.enable_linear_replayssm_spec is bool(a.get("enable-linear-replayssm-spec", False))
 
 
 def test_config_dir_is_the_repository_one():

@@ -169,8 +169,7 @@ REFUSED_SWITCHES = (
     ("enable_two_batch_overlap", "two-batch overlap is not implemented for DDTREE"),
     ("enable_pdmux", "PDMux is not implemented for DDTREE"),
     ("enable_multi_layer_eagle", "an EAGLE-only mode"),
-    ("enable_linear_replayssm_spec", "its GDN commit is chain-only"),
-    ("enable_linear_replayssm", "its GDN commit is chain-only"),
+    ("enable_linear_replayssm", "a decode-only ring; DDTREE decodes through tree verifies"),
     ("enable_lora", "the drafter borrows the target's LM head unwrapped"),
 )
 
@@ -414,14 +413,57 @@ def drafter_block_size(cfg: Any) -> int | None:
     return None if block is None else int(block)
 
 
-def reserve_patch_applied() -> bool:
-    """True when ``sglang-spec patch apply`` patched the installed SGLang (P3 lifts 2N >= B)."""
-    from sglang_spec.patching.core import APPLIED, PatchingError, installed_state
+RESERVE_PATCH = "0001-dflash-v2-reserve-covers-draft-block.patch"  # P3: lifts 2N >= B
+# The GDN tree ReplaySSM (docs/gdn-tree-caching.md): 0002 the verify, 0003 the commit and the pool.
+GDN_TREE_PATCHES = ("0002-gdn-tree-replayssm-verify.patch", "0003-gdn-tree-replayssm-commit.patch")
+
+
+def applied_patches() -> tuple[str, ...]:
+    """The patch series ``sglang-spec patch apply`` applied to the installed SGLang; empty when it
+    is not (fully) applied or the release has no patch set."""
+    from sglang_spec.patching import core
 
     try:
-        return installed_state() == APPLIED
-    except PatchingError:
-        return False
+        tree = core.locate(None)
+        ps = core.load_patch_set(core.default_patches_dir(), core.detect_version(tree)[0])
+        applied = core.inspect_state(tree, ps).overall == core.APPLIED
+    except core.PatchingError:
+        return ()
+    return tuple(ps.series) if applied else ()
+
+
+def linear_verify_backend(view: Any) -> str | None:
+    """The linear-attention TARGET_VERIFY backend SGLang resolved (arg_groups/attention_hook.py:346):
+    the flag, else FlashInfer under a FlashInfer decode backend, else None (Triton)."""
+    verify = getattr(view, "linear_attn_verify_backend", None)
+    decode = getattr(view, "linear_attn_decode_backend", None) or getattr(
+        view, "linear_attn_backend", None
+    )
+    if verify is None and decode == "flashinfer":
+        return "flashinfer"
+    return verify
+
+
+def check_linear_replayssm_spec(
+    enabled: bool, applied: tuple[str, ...], verify_backend: str | None
+) -> None:
+    """``--enable-linear-replayssm-spec`` (a tree verify without per-node GDN states) needs patches
+    0002 and 0003; its refusals for the verify backend are the patched SGLang's own
+    (``sglang_spec.gdn.tree_replayssm``). A KDA target is refused by the patched mamba pool."""
+    from sglang_spec.gdn.tree_replayssm import tree_replayssm_refusal
+
+    if not enabled:
+        return
+    missing = [p for p in GDN_TREE_PATCHES if p not in applied]
+    if missing:
+        raise DDTreeConfigError(
+            "DDTREE with --enable-linear-replayssm-spec needs the GDN tree patches "
+            f"{', '.join(missing)} applied to the installed SGLang: run `sglang-spec patch apply` "
+            "(sglang 0.5.23; docs/gdn-tree-caching.md), or run without the flag."
+        )
+    why = tree_replayssm_refusal(is_kda=False, verify_backend=verify_backend)
+    if why is not None:
+        raise DDTreeConfigError(why)
 
 
 def handle_server_args(server_args: Any) -> DDTreeConfig:
@@ -456,7 +498,8 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     config = DDTreeConfig.build(
         block_size=block, verify_width=block if width is None else int(width)
     )
-    check_kv_reserve(config.verify_width, block, reserve_patch_applied())
+    applied = applied_patches()
+    check_kv_reserve(config.verify_width, block, RESERVE_PATCH in applied)
 
     view = resolved_view(record)
     prefill_backend, decode_backend = attention_backends_of(view)
@@ -472,6 +515,11 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     check_page_size(view.page_size)
     check_unified_memory(getattr(view, "enable_unified_memory", False))
     check_mamba_track_interval(getattr(view, "mamba_track_interval", None), config.verify_width)
+    check_linear_replayssm_spec(
+        bool(getattr(view, "enable_linear_replayssm_spec", False)),
+        applied,
+        linear_verify_backend(view),
+    )
 
     # DFLASH's own handling on a chain-shaped view: _handle_dflash raises when
     # num_draft_tokens != dflash_block_size, so give it the block for both, then declare the

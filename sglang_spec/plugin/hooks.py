@@ -5,7 +5,9 @@ H1  ``DecodeCudaGraphRunner.get_spec_info`` (AROUND, :data:`adapter.GET_SPEC_INF
     DFlashVerifyInput and custom_mask=None (decode_cuda_graph_runner.py:2106), i.e. a causal
     chain. A DDTREE target must capture with a tree verify input (an EagleVerifyInput subclass
     carrying the graph's custom_mask buffer and topk > 1) so replay uses the tree mask and
-    refreshes the GDN retrieve_* buffers. The drafter runner keeps upstream's capture.
+    refreshes the GDN retrieve_* buffers (and, with patch 0002, ``retrieve_tree_paths``: the
+    placeholder carries a valid table of the graph's ``bs = num_tokens / width``). The drafter
+    runner keeps upstream's capture.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ def get_spec_info_around(original, self, num_tokens, *args, **kwargs):
     mr = self.model_runner
     if not is_ddtree(mr.spec_algorithm) or mr.is_draft_worker:
         return original(self, num_tokens, *args, **kwargs)
-    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, star_parents
 
+    width = self.captured_req_width
+    mask = self.buffers.custom_mask
     return DDTreeVerifyInput.create(
-        runtime_config(), width=self.captured_req_width, custom_mask=self.buffers.custom_mask
+        runtime_config(),
+        width=width,
+        custom_mask=mask,
+        parents=star_parents(num_tokens // width, width, mask.device),
     )
 
 

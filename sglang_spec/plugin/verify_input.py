@@ -5,6 +5,12 @@ One constructor, :meth:`DDTreeVerifyInput.create`, serves both callers (as vLLM'
 SGLang ABI every decode step (:func:`verify_input_from_tree`), and the CUDA-graph hook builds the
 placeholder a target graph is captured with (no ABI: the ``retrieve_*`` buffers are filled at
 replay). Importing this module imports SGLang.
+
+Both also carry ``retrieve_tree_paths`` (``[bs, N, L + 1]`` int32, node ``i``'s root-first path of
+node indices, ``-1`` padded: ``sglang_spec.gdn.tree_paths`` with ``width = L + 1``, built on the
+device without a host read), which the GDN tree ReplaySSM verify of patch 0002 reads
+(docs/gdn-tree-caching.md §4, row 5). The capture placeholder's table is a valid tree of the
+graph's shape (every node a child of the root), since the graph buffers are filled at replay.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
+from sglang_spec.gdn import tree_paths
 from sglang_spec.plugin.config import DDTreeConfig
 from sglang_spec.tree import DraftTree, TreeABI, TreeMaskMode, sglang_tree_abi
 
@@ -30,6 +37,9 @@ class DDTreeVerifyInput(EagleVerifyInput):
     accept_index width and never exceeds the verify width.
     """
 
+    # [bs, N, L + 1] int32 root-first node paths (-1 padded), for the GDN tree verify (0002).
+    retrieve_tree_paths: torch.Tensor | None = None
+
     @property
     def tree_topk(self) -> int:
         # Irregular tree (no fixed per-level branching), as NgramVerifyInput.
@@ -43,12 +53,14 @@ class DDTreeVerifyInput(EagleVerifyInput):
         width: int,
         custom_mask: torch.Tensor | None,
         abi: TreeABI | None = None,
+        parents: torch.Tensor | None = None,
         seq_lens_sum: int | None = None,
         seq_lens_cpu: torch.Tensor | None = None,
     ) -> DDTreeVerifyInput:
-        """The verify input of a tree (``abi``), or without ``abi`` the placeholder a target CUDA
-        graph captures (``custom_mask`` = the graph's mask buffer). ``width`` is the tokens per
-        request of the verify pass."""
+        """The verify input of a tree (``abi`` and its ``parents [bs, N]``), or without ``abi`` the
+        placeholder a target CUDA graph captures (``custom_mask`` = the graph's mask buffer;
+        ``parents`` then only sets the placeholder path table, see the module docstring).
+        ``width`` is the tokens per request of the verify pass."""
         return cls(
             draft_token=None if abi is None else abi.draft_tokens,
             custom_mask=custom_mask,
@@ -63,7 +75,19 @@ class DDTreeVerifyInput(EagleVerifyInput):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             seq_lens_sum=seq_lens_sum,
             seq_lens_cpu=seq_lens_cpu,
+            retrieve_tree_paths=(
+                None
+                if parents is None
+                else tree_paths(parents, width=config.horizon + 1).to(torch.int32)
+            ),
         )
+
+
+def star_parents(bs: int, width: int, device: torch.device | str) -> torch.Tensor:
+    """``[bs, width]`` parents of the tree whose nodes are all children of the root."""
+    parents = torch.zeros((bs, width), dtype=torch.int64, device=device)
+    parents[:, 0] = -1
+    return parents
 
 
 def verify_input_from_tree(
@@ -92,6 +116,7 @@ def verify_input_from_tree(
         width=int(tree.tokens.shape[1]),
         custom_mask=mask,
         abi=abi,
+        parents=tree.parents,
         seq_lens_sum=seq_lens_sum,
         seq_lens_cpu=seq_lens_cpu,
     )

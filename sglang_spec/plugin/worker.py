@@ -64,9 +64,10 @@ logger = logging.getLogger("sglang_spec.plugin")
 
 # Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
-# Optional: needed only for a verify width below half the drafter block (patches/README.md).
+# Optional, each for one configuration (patches/README.md; plugin/config.py refuses without them).
 REQUIRED_PATCHES = (
     "patches/0.5.23/0001 (P3) dflash_info_v2 reserve 2*max(block, width): only if 2*width < block",
+    "patches/0.5.23/0002+0003 GDN tree ReplaySSM: only with --enable-linear-replayssm-spec",
 )
 
 

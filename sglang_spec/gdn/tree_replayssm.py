@@ -1,0 +1,35 @@
+"""Which SGLang servers may run the tree ReplaySSM (``--enable-linear-replayssm-spec`` with a tree).
+
+One rule, read by both places that validate the flag (docs/gdn-tree-caching.md §4, row 1): the
+patched ``arg_groups/attention_hook.py`` (patch 0003), for EAGLE ``--speculative-eagle-topk > 1``,
+and the DDTREE plug-in (``sglang_spec.plugin.config``), which sets its tree ``topk`` after that hook
+has run. A tree verify keeps only each node's raw inputs and the commit replays the accepted path
+(``sglang_spec.gdn.tree_recurrence``), which is the Gated-DeltaNet recurrence: KDA's fold-every-
+commit stays chain-only. The tree verify is the Triton integration kernel, so the linear-attention
+verify backend must be Triton (the FlashInfer / CuTe DSL verify kernels are chain-only).
+"""
+
+from __future__ import annotations
+
+TREE_VERIFY_BACKENDS = ("triton",)
+
+
+def tree_replayssm_refusal(*, is_kda: bool, verify_backend: str | None) -> str | None:
+    """Why a tree verify cannot run with ``--enable-linear-replayssm-spec`` (one line), or None.
+
+    ``verify_backend`` is the resolved ``--linear-attn-verify-backend``; None means SGLang's
+    default for a non-FlashInfer decode backend, which is Triton.
+    """
+    if is_kda:
+        return (
+            "--enable-linear-replayssm-spec with a draft tree supports Gated-DeltaNet models only: "
+            "this model has KDA layers, whose fold-every-commit is chain-only; run the tree without "
+            "the flag, or use a linear draft chain."
+        )
+    if verify_backend is not None and verify_backend not in TREE_VERIFY_BACKENDS:
+        return (
+            "--enable-linear-replayssm-spec with a draft tree needs the Triton tree verify kernel; "
+            f"got --linear-attn-verify-backend={verify_backend!r}; valid: "
+            f"{', '.join(TREE_VERIFY_BACKENDS)}."
+        )
+    return None

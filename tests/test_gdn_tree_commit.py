@@ -1,0 +1,209 @@
+"""Patch 0003 (GDN tree ReplaySSM, commit side) on a patched copy of the installed SGLang 0.5.23.
+
+The copy is a symlink tree of the installed ``sglang`` package (directories real, files links) with
+the project's whole 0.5.23 series applied by ``sglang_spec.patching.core.apply``, which replaces the
+patched files by real ones and leaves the installed package untouched. ``gdn_tree_commit_cases.py``
+runs in a child process with the copy first on ``sys.path`` and ``TRITON_INTERPRET=1`` (SGLang's
+fold is a Triton kernel) and returns raw results; the references are computed here:
+
+* the fold replays the accepted PATH: ring column ``accept_index[b, t] - b * N`` of the request's
+  ring row, equal to ``sglang_spec.gdn.replay_path_state`` (k l2-normalised as the fold does), the
+  extra_buffer track slot gets the state after the node it names, a padding row stays untouched;
+* a linear chain (``accept_index = b * N + t``) gives the released fold's checkpoint bit for bit;
+* ``MambaPool`` allocates, for a GDN tree with the flag, the raw-input window (one column per node)
+  and the dense conv windows, and neither ``intermediate_ssm`` nor the chain's d/k rings and cursors;
+  a KDA tree is refused;
+* the pricing at the Qwen3.6-27B shape is docs/gdn-tree-caching.md §3's table;
+* ``attention_hook`` accepts a GDN tree with the flag and the Triton verify backend and refuses a KDA
+  tree and the FlashInfer verify backend;
+* the DDTREE plug-in finds the series applied (what lets it accept the flag).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_spec.gdn import replay_path_state
+from sglang_spec.patching import core
+
+REPO = Path(__file__).resolve().parents[1]
+PATCHES = REPO / "patches"
+FOLD = "kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
+N = 9  # gdn_tree_commit_cases.N
+
+
+def installed_sglang() -> Path:
+    return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("patched_sglang")
+    src = installed_sglang()
+    core.locate(str(src))  # a real sglang package
+    for d, _dirs, files in os.walk(src):
+        rel = Path(d).relative_to(src.parent)
+        (root / rel).mkdir(exist_ok=True)
+        for f in files:
+            os.symlink(Path(d) / f, root / rel / f)
+    res = core.apply(str(root), PATCHES)
+    assert res.code == 0, res.lines
+    assert "0003-gdn-tree-replayssm-commit.patch" in core.load_patch_set(PATCHES, "0.5.23").series
+    out = root / "out.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{REPO}")
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests/gdn_tree_commit_cases.py"),
+            str(root),
+            str(src / FOLD),
+            str(out),
+            str(REPO),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(REPO),
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def expected_fold(case, b: int, path: list[int]) -> torch.Tensor:
+    """The state after ``path`` for request ``b``, per layer, in SGLang's ``[Hv, V, K]`` layout."""
+    ring, row = case["ring"], int(case["ring_idx"][b])
+    slot = int(case["state_idx"][b])
+    idx = torch.tensor(path)
+    out = []
+    for layer in range(case["temporal"].shape[0]):
+        k = ring["rawk"][layer, row][:, idx].float().transpose(0, 1)  # [D, Hk, K]
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the fold's division l2-norm
+        v = ring["rawv"][layer, row][:, idx].float().transpose(0, 1)
+        g = ring["g"][layer, row][:, idx].transpose(0, 1)
+        beta = ring["beta"][layer, row][:, idx].transpose(0, 1)
+        s0 = case["temporal"][layer, slot].transpose(-1, -2)  # [Hv, K, V]
+        d = len(path)
+        state = replay_path_state(
+            k[None],
+            v[None],
+            g[None],
+            beta[None],
+            torch.arange(d)[None],
+            s0[None],
+        )[0]
+        out.append(state.transpose(-1, -2))
+    return torch.stack(out)
+
+
+def test_fold_replays_the_accepted_tree_path(results):
+    case = results["tree"]
+    out, temporal = case["out"], case["temporal"]
+    assert max(len(p) for p in case["paths"]) >= 4  # paths through the tree, not just the root
+    for b, path in enumerate(case["paths"]):
+        slot = int(case["state_idx"][b])
+        if slot < 0:
+            continue
+        assert path != list(range(len(path)))  # a path a prefix-replay would get wrong
+        want = expected_fold(case, b, path)
+        assert (out[:, slot] - want).abs().max() <= 1e-5, b
+        assert (out[:, slot] - temporal[:, slot]).abs().max() > 1e-2  # it did fold
+    # the padding request (state slot -1) wrote nothing: only folded and tracked slots changed
+    touched = {int(s) for s in case["state_idx"] if s >= 0}
+    touched |= {int(s) for s, t in zip(case["track_slots"], case["track_steps"]) if t >= 0}
+    for slot in range(temporal.shape[1]):
+        if slot not in touched:
+            assert torch.equal(out[:, slot], temporal[:, slot]), slot
+
+
+def test_track_slot_gets_the_state_after_the_node_it_names(results):
+    case = results["tree"]
+    tracked = 0
+    for b, path in enumerate(case["paths"]):
+        slot, node = int(case["track_slots"][b]), int(case["track_steps"][b])
+        if slot < 0 or node < 0 or int(case["state_idx"][b]) < 0:
+            continue
+        # the node's place on the path is not the node index itself
+        assert path.index(node) != node
+        want = expected_fold(case, b, path[: path.index(node) + 1])
+        assert (case["out"][:, slot] - want).abs().max() <= 1e-5, b
+        tracked += 1
+    assert tracked == 2
+
+
+def test_chain_fold_is_the_released_fold_bit_for_bit(results):
+    case = results["chain"]
+    assert not torch.equal(case["unpatched"], case["temporal"])  # both folded something
+    assert torch.equal(case["patched"], case["unpatched"])
+
+
+def test_pool_allocates_the_tree_window_and_no_intermediate_ssm(results):
+    tree, chain = results["pool"]["tree"], results["pool"]["chain"]
+    # 3 layers, spec_state_size 4 -> 5 request rows, Hk 2, Hv 6, K 16, V 48, N 9 columns
+    assert tree["fold"] is True and tree["cursors"] is False
+    assert tree["shapes"] == {
+        "replayssm_rawk": (3, 5, 2, N, 16),
+        "replayssm_rawv": (3, 5, 6, N, 48),
+        "replayssm_g": (3, 5, 6, N),
+        "replayssm_beta": (3, 5, 6, N),
+        "replayssm_d": None,
+        "replayssm_k": None,
+        "intermediate_ssm": None,
+    }
+    assert tree["dtypes"] == {
+        "replayssm_rawk": "torch.bfloat16",
+        "replayssm_rawv": "torch.bfloat16",
+        "replayssm_g": "torch.float32",
+    }
+    # dense per-node conv windows (conv_dim = 6*48 + 2*2*16 = 352, kernel 4): independent per node
+    assert tree["conv_window"] == (3, 5, N, 352, 3) and tree["conv_window_contiguous"]
+    # the GDN chain keeps its compact circular ring (unchanged by the patch)
+    assert chain["fold"] is False and chain["cursors"] is True
+    assert chain["shapes"]["replayssm_d"] is not None and chain["shapes"]["replayssm_beta"] is None
+
+
+def test_kda_tree_is_refused(results):
+    for msg in (results["pool"]["kda_tree"], results["hook"]["kda_tree"]):
+        assert "supports Gated-DeltaNet models only" in msg and "KDA" in msg
+
+
+def test_pricing_matches_the_design_table(results):
+    p = results["pricing"]
+    gb = 1e9
+    assert p["conv_numel"] == 10240 * 3
+    assert round(p["per_req"] / gb, 3) == 0.154  # the checkpoint, for scale
+    # N = 65: raw-input window 0.052 GB + dense conv windows 0.192 GB (§3, phase 1)
+    ring65 = 48 * 65 * (16 * 128 * 2 + 48 * 128 * 2 + 2 * 48 * 4)
+    assert p["tree65"] == ring65 + 48 * 65 * 10240 * 3 * 2
+    assert (round(ring65 / gb, 3), round(p["tree65"] / gb, 2)) == (0.052, 0.24)
+    # N = 17: 0.014 + 0.050
+    ring17 = 48 * 17 * (16 * 128 * 2 + 48 * 128 * 2 + 2 * 48 * 4)
+    assert round(ring17 / gb, 3) == 0.014
+    assert round((p["tree17"] - ring17) / gb, 3) == 0.050
+    # the chain pricing is SGLang's own, unchanged: compact d/k/g + low parts at L = 16
+    assert p["chain16"] == 48 * 16 * (2 * (48 * 128 * 2 + 16 * 128 * 2) + 48 * 4)
+
+
+def test_attention_hook_accepts_gdn_trees_with_the_flag(results):
+    hook = results["hook"]
+    assert hook["gdn_tree"] == "accepted"
+    assert hook["gdn_chain"] == "accepted" and hook["kda_chain"] == "accepted"
+    assert hook["gdn_tree_no_flag"] == "accepted"
+    msg = hook["gdn_tree_flashinfer_verify"]
+    assert "--linear-attn-verify-backend='flashinfer'; valid: triton" in msg
+    assert "--speculative-eagle-topk=4" in msg
+
+
+def test_plugin_sees_the_gdn_tree_patches_applied(results):
+    from sglang_spec.plugin.config import GDN_TREE_PATCHES
+
+    series = tuple(core.load_patch_set(PATCHES, "0.5.23").series)
+    assert results["applied"] == series
+    assert GDN_TREE_PATCHES[1] in series  # 0002 joins when the verify side lands
