@@ -160,7 +160,8 @@ def load_pristine_fold(path: str, workdir: str):
     """The released fold module (its file, with the one interpreter shim applied)."""
     source = open(path).read()
     assert source.count(INTERPRETER_SHIM[0]) == 1
-    shimmed = os.path.join(workdir, "pristine_gdn_fold.py")  # Triton reads kernel source from a file
+    # Triton reads kernel source from a file
+    shimmed = os.path.join(workdir, "pristine_gdn_fold.py")
     with open(shimmed, "w") as f:
         f.write(source.replace(*INTERPRETER_SHIM))
     spec = importlib.util.spec_from_file_location("pristine_gdn_fold", shimmed)

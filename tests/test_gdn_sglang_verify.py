@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
