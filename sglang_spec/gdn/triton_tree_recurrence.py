@@ -349,6 +349,11 @@ def choose_block_v(dv: int, requests_x_heads: int, override: int | None = None) 
     return bv
 
 
+def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
+    """The head-layout constexprs both kernels take."""
+    return dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
+
+
 def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
     """The ``[rows, Hv, V + 2]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
     ``u`` per node and value head, and the node's ``g`` and ``gamma``. Written before it is read,
@@ -427,16 +432,11 @@ def launch_tree_kernel(
         scale,
         n,
         W=width,
-        HV=hv,
-        GRP=hv // hk,
-        DK=dk,
-        DV=dv,
-        BK=triton.next_power_of_2(dk),
-        BV=bv,
         BT=min(16, triton.next_power_of_2(width)),
         BN=triton.next_power_of_2(n),
         SGLANG=sglang is not None,
         RING=ring is not None,
+        **_head_consts(hk, hv, dk, dv, bv),
         num_warps=num_warps or (4 if bv >= 16 else 2),
     )
 
@@ -512,11 +512,6 @@ def replay_path_state_triton(
         *beta.stride(),
         *initial_state.stride(),
         path.shape[1],
-        HV=hv,
-        GRP=hv // hk,
-        DK=dk,
-        DV=dv,
-        BK=triton.next_power_of_2(dk),
-        BV=bv,
+        **_head_consts(hk, hv, dk, dv, bv),
     )
     return out
