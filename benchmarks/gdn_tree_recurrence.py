@@ -10,10 +10,15 @@ budget N - 1, random logits):
   parent's fp32 snapshot and writes its own (``intermediate_ssm``, ``N x Hv x K x V x 4`` bytes per
   request and layer);
 * **SGLang chain** -- the same kernel on N tokens in a chain (DFLASH / EAGLE chain verify), for scale;
-* **ours** -- ``prep`` (gating ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``, q/k
-  l2-norm and the ``K^-0.5`` scale in torch, plus the gather of the requests' states from the pool:
-  SGLang's kernel does these in-kernel, and so would an integrated version of ours) and
-  ``tree_gated_delta_rule_triton`` on a ``tree_paths(parents, width=L+1)`` table; and the commit,
+* **ours fused** -- ``sglang_spec.gdn.sglang_verify.gdn_tree_verify``, the integration kernel patch
+  0002 runs inside SGLang: the same raw inputs as SGLang's kernel (the conv output's strided q/k/v,
+  ``a``, ``b``, the pool rows through ``cache_indices``), gating, l2-norm and scale in-kernel, bf16
+  output, and the ReplaySSM ring stores (raw k, v, g, beta per node) on a
+  ``tree_paths(parents, width=L+1)`` table; its value tile ``BV`` chosen from ``bs * Hv``
+  (``triton_tree_recurrence.choose_block_v``); ``--sweep`` also times every ``BV`` in 4..32 with 1
+  and 4 warps and prints the best;
+* **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
+  scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
 
 The conv kernel is the same on both sides of this design (docs/gdn-tree-caching.md) and is left out
@@ -23,6 +28,9 @@ Checks, every cell (a failure makes the script exit 1 after the table):
 
 * ``triton``: our Triton kernel against our torch core (``_tree_gated_delta_rule_torch``, float32, on the
   same device), max |diff| <= 1e-4;
+* ``fused``: the fused kernel's bf16 outputs against the unfused float32 ones, max |diff| / (1e-4 +
+  2^-7 |x|) <= 1, and its ring against the inputs (raw k, v exactly; g, beta against the torch
+  gating, <= 1e-5);
 * ``vs SGLang``: our outputs against SGLang's tree-mode outputs (bf16), max |diff| / (1e-4 + 2^-7 |x|)
   <= 1 (one bf16 rounding step: SGLang rounds its float32 result to the activation dtype);
 * ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
@@ -34,10 +42,10 @@ transient ``u`` scratch of our kernel (the size of its output); and the measured
 memory our kernel call allocates, per request. Times: µs per call, the median of ``--reps`` replays of a
 CUDA graph of 10 calls (``benchmarks.gdn_verify.time_us``).
 
-Run on the H200 from the repository root (~3 min, mostly Triton compiling SGLang's kernel once per
+Run on the H200 from the repository root (~3-4 min, mostly Triton compiling SGLang's kernel once per
 (bs, N, mode)); ``--json`` also writes the rows::
 
-    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON benchmarks/gdn_tree_recurrence.py --json /tmp/gdn_tree_recurrence.json
+    source .gpu-kit/setup.sh && $SGLANG_KIT_PYTHON -m benchmarks.gdn_tree_recurrence --sweep --json /tmp/gdn_tree_recurrence.json
 
 CPU smoke run (Triton interpreter, tiny heads, fp32, bs 1, N 17; ~1 min)::
 
@@ -87,20 +95,42 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
     return float(((got - want).abs() / (atol + rtol * want.abs())).max())
 
 
-def run_cell(args, kern, bs: int, n: int, device) -> dict:
-    from sglang_kernel_gdn import verify_recurrent
+SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 4)]
 
+
+def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, device):
+    """The fused kernel's inputs as SGLang's verify holds them: q/k/v split views [1, T, H, d] of
+    the conv output, and a ring (request row b = b) with the scratch."""
+    from sglang_spec.gdn.triton_tree_recurrence import tree_scratch
+
+    H, HV, dk, dv = c["num_k_heads"], c["num_v_heads"], c["head_k_dim"], c["head_v_dim"]
+    q, k, v = torch.split(conv_out, [H * dk, H * dk, HV * dv], dim=-1)
+    qkv = (q.view(1, bs * n, H, dk), k.view(1, bs * n, H, dk), v.view(1, bs * n, HV, dv))
+    ring = (
+        torch.zeros(bs, H, n, dk, dtype=conv_out.dtype, device=device),
+        torch.zeros(bs, HV, n, dv, dtype=conv_out.dtype, device=device),
+        torch.zeros(bs, HV, n, device=device),
+        torch.zeros(bs, HV, n, device=device),
+    )
+    ring_rows = torch.arange(bs, dtype=torch.int32, device=device)
+    return qkv, ring, ring_rows, tree_scratch(bs * n, HV, dv, device)
+
+
+def run_cell(args, kern, bs: int, n: int, device) -> dict:
     from benchmarks.gdn_verify import VOCAB, L, layer_inputs, time_us
     from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn.sglang_verify import gdn_tree_verify
     from sglang_spec.gdn.tree_recurrence import (
         _replay_path_state_torch,
         _tree_gated_delta_rule_torch,
     )
     from sglang_spec.gdn.triton_tree_recurrence import (
+        choose_block_v,
         replay_path_state_triton,
         tree_gated_delta_rule_triton,
     )
     from sglang_spec.tree import build_ddtree
+    from tests.sglang_kernel_gdn import verify_recurrent
 
     gen = torch.Generator().manual_seed(1000 * bs + n)
     c, _, ssm_pool = layer_inputs(bs, n, max(args.bs) + 1, args.dims, args.dtype, device, gen)
@@ -145,6 +175,30 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     )
     state = replay_path_state_triton(k, v, g, beta, commit_paths, s0)
 
+    (fq, fk, fv), ring, ring_rows, scratch = _fused_inputs(c, conv_out, bs, n, device)
+    paths32 = paths.to(torch.int32).contiguous()
+
+    def fused(bv=None, warps=None):
+        return gdn_tree_verify(
+            fq,
+            fk,
+            fv,
+            c["a"],
+            c["b"],
+            c["A_log"],
+            c["dt_bias"],
+            ssm_pool,
+            c["cache_indices"],
+            paths32,
+            scratch,
+            ring=ring,
+            ring_rows=ring_rows,
+            block_v=bv,
+            num_warps=warps,
+        )
+
+    fused_o = fused().view(bs, n, HV, dv)
+
     # checks
     want = _tree_gated_delta_rule_torch(q, k, v, g, beta, tree_paths(parents), s0)
     triton_err = float((ours - want).abs().max())
@@ -156,7 +210,20 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
             state, _replay_path_state_torch(k, v, g, beta, commit_paths, s0), CHECK_TOL, CHECK_TOL
         ),
     )
-    ok = triton_err <= CHECK_TOL and vs_sglang <= 1 and replay_err <= 1
+    fused_err = _rel_err(fused_o, ours, CHECK_TOL, BF16_STEP)
+    ring_err = max(
+        float((ring[0] - fk.view(bs, n, H, dk).transpose(1, 2)).abs().max()),
+        float((ring[1] - fv.view(bs, n, HV, dv).transpose(1, 2)).abs().max()),
+        float((ring[2] - g.transpose(1, 2)).abs().max()),
+        float((ring[3] - beta.transpose(1, 2)).abs().max()),
+    )
+    ok = (
+        triton_err <= CHECK_TOL
+        and vs_sglang <= 1
+        and replay_err <= 1
+        and fused_err <= 1
+        and ring_err <= 1e-5
+    )
 
     t_prep = time_us(lambda: _prep(c, conv_out, ssm_pool, bs, n), device, args.reps)
     t_ours = time_us(
@@ -165,6 +232,13 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     t_replay = time_us(
         lambda: replay_path_state_triton(k, v, g, beta, commit_paths, s0), device, args.reps
     )
+    t_fused = time_us(fused, device, args.reps)
+    sweep = {}
+    if args.sweep:
+        for bv, warps in SWEEP:
+            sweep[f"BV{bv}/w{warps}"] = time_us(
+                lambda bv=bv, warps=warps: fused(bv, warps), device, args.reps
+            )
     act = torch.finfo(args.dtype).bits // 8
     mb = 2.0**-20
     return dict(
@@ -177,6 +251,12 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         ours_total_us=t_prep + t_ours,
         ours_vs_sglang_tree=(t_prep + t_ours) / sg["tree_us"],
         ours_vs_sglang_chain=(t_prep + t_ours) / sg["chain_us"],
+        fused_bv=choose_block_v(dv, bs * HV),
+        fused_us=t_fused,
+        fused_vs_sglang_tree=t_fused / sg["tree_us"],
+        fused_vs_sglang_chain=t_fused / sg["chain_us"],
+        sweep_us=sweep,
+        sweep_best=min(sweep, key=sweep.get) if sweep else None,
         replay_commit_us=t_replay,
         sglang_snapshots_mb=n * HV * dk * dv * 4 * mb,
         ours_records_mb=n * (H * dk * act + HV * dv * act + 2 * HV * 4) * mb,
@@ -185,6 +265,8 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         check_triton_max_abs=triton_err,
         check_vs_sglang=vs_sglang,
         check_replay=replay_err,
+        check_fused=fused_err,
+        check_ring=ring_err,
         ok=ok,
     )
 
@@ -194,10 +276,14 @@ COLUMNS = [
     ("N", "N"),
     ("sglang_tree_us", "SGLang tree µs"),
     ("sglang_chain_us", "SGLang chain µs"),
-    ("ours_prep_us", "ours prep µs"),
-    ("ours_kernel_us", "ours kernel µs"),
-    ("ours_vs_sglang_tree", "ours/SGLang tree"),
-    ("ours_vs_sglang_chain", "ours/SGLang chain"),
+    ("fused_bv", "fused BV"),
+    ("fused_us", "ours fused µs"),
+    ("fused_vs_sglang_tree", "fused/SGLang tree"),
+    ("fused_vs_sglang_chain", "fused/SGLang chain"),
+    ("sweep_best", "sweep: fastest"),
+    ("ours_prep_us", "unfused prep µs"),
+    ("ours_kernel_us", "unfused kernel µs"),
+    ("ours_vs_sglang_tree", "unfused/SGLang tree"),
     ("replay_commit_us", "commit replay µs"),
     ("sglang_snapshots_mb", "SGLang snapshots MB/req"),
     ("ours_records_mb", "ours records MB/req"),
@@ -206,6 +292,8 @@ COLUMNS = [
     ("check_triton_max_abs", "check: Triton vs torch"),
     ("check_vs_sglang", "check: vs SGLang /tol"),
     ("check_replay", "check: replay /tol"),
+    ("check_fused", "check: fused /tol"),
+    ("check_ring", "check: ring"),
 ]
 
 
@@ -243,6 +331,14 @@ def run(args) -> int:
             row = run_cell(args, kern, bs, n, device)
             results.append(row)
             print("| " + " | ".join(_fmt(row[key]) for key, _ in COLUMNS) + " |", flush=True)
+    if args.sweep:
+        print("\n# fused kernel µs per (BV, warps); * = the default choice's tile")
+        names = [f"BV{bv}/w{w}" for bv, w in SWEEP]
+        print("| bs | N | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 2))
+        for r in results:
+            mark = f"BV{r['fused_bv']}/"
+            cells = [f"{r['sweep_us'][x]:.1f}{'*' if x.startswith(mark) else ''}" for x in names]
+            print(f"| {r['bs']} | {r['N']} | " + " | ".join(cells) + " |")
     print(f"\n# per request over the {GDN_LAYERS_27B} GDN layers of the 27B shape (GB)")
     print("| N | SGLang intermediate_ssm | ours per-node records |\n|---|---|---|")
     for n in args.widths:
@@ -261,7 +357,8 @@ def run(args) -> int:
         print(f"CHECK FAILED for (bs, N) in {failed}")
         return 1
     print(
-        "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots"
+        "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots, "
+        "fused = unfused, ring = inputs"
     )
     return 0
 
@@ -278,6 +375,9 @@ def main(argv=None) -> int:
     )
     p.add_argument("--reps", type=int, help="timed repetitions per cell (default 50; --tiny: 2)")
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument(
+        "--sweep", action="store_true", help="also time the fused kernel at every BV x warps"
+    )
     args = p.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton

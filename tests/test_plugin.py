@@ -219,14 +219,18 @@ def test_accept_index_fits_the_verify_width_below_the_horizon():
     (the 0.5.22 H200 run crashed there with spec_steps = L)."""
     from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
 
-    from sglang_spec.plugin.verify_input import DDTreeVerifyInput
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, star_parents
 
     for width, depth in ((5, 5), (16, 16), (17, 16), (65, 16)):
         cfg = DDTreeConfig(
             block_size=16, verify_width=width, topk_per_depth=4, tree_temperature=1.0
         )
-        vi = DDTreeVerifyInput.create(cfg, width=width, custom_mask=None)
+        vi = DDTreeVerifyInput.create(
+            cfg, width=width, custom_mask=None, parents=star_parents(2, width, "cpu")
+        )
         assert vi.max_tree_depth == depth
+        # patch 0002's per-bs graph buffer is spec_steps + 1 wide: the path table must match
+        assert vi.retrieve_tree_paths.shape == (2, width, depth)
         bs = 2
         accept_index = torch.full((bs, vi.max_tree_depth), -1, dtype=torch.int32)
         accept_index[:, 0] = torch.arange(bs) * width

@@ -1,9 +1,9 @@
 """Which SGLang servers may run the tree ReplaySSM (``--enable-linear-replayssm-spec`` with a tree).
 
-One rule, read by both places that validate the flag (docs/gdn-tree-caching.md §4, row 1): the
-patched ``arg_groups/attention_hook.py`` (patch 0003), for EAGLE ``--speculative-eagle-topk > 1``,
-and the DDTREE plug-in (``sglang_spec.plugin.config``), which sets its tree ``topk`` after that hook
-has run. A tree verify keeps only each node's raw inputs and the commit replays the accepted path
+One rule, read by both places that validate the flag for a tree: the DDTREE plug-in
+(``sglang_spec.plugin.config``), at start-up, and the pool of patch 0003 (``MambaPool``), because
+DDTREE sets its tree ``topk`` after SGLang's ``attention_hook`` has run. EAGLE trees stay refused
+by that (unpatched) hook: their verify input has no per-node path table for patch 0002's kernel. A tree verify keeps only each node's raw inputs and the commit replays the accepted path
 (``sglang_spec.gdn.tree_recurrence``), which is the Gated-DeltaNet recurrence: KDA's fold-every-
 commit stays chain-only. The tree verify is the Triton integration kernel, so the linear-attention
 verify backend must be Triton (the FlashInfer / CuTe DSL verify kernels are chain-only).

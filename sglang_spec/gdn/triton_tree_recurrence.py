@@ -6,12 +6,25 @@ checked against the torch core under ``TRITON_INTERPRET=1`` on the CPU
 function reads anything back to the host, so both can be captured in a CUDA graph when ``paths`` is
 built once per verify step with a fixed width (``tree_paths(parents, width=horizon + 1)``).
 
-- ``_tree_kernel``: one program per (value tile of ``BV`` columns, request x value head). It keeps its
-  ``[K, BV]`` tile of the initial state in registers and visits the nodes in index order (parents
-  come first). Per node it loads the ``BT``-slot chunks of the node's path row, its ancestors' keys
-  ``[BT, K]`` and update vectors ``[BT, BV]`` (written by this same program for earlier nodes, hence
-  the barrier after each store), the log-decays whose prefix sums give ``gamma`` per ancestor; then
-  ``u_i`` and ``o_i``. The ``u`` vectors go to a float32 scratch the size of ``o``.
+- ``_tree_kernel``: one program per (value tile of ``BV`` columns, request x value head). Its
+  prologue forms every node's log-decay sum along its path, ``gamma``, in one vectorised pass over
+  the path table (``W`` gathers of all ``N`` nodes at once) into a float32 scratch. It then keeps
+  its ``[K, BV]`` tile of the initial state in registers and visits the nodes in index order
+  (parents come first). Per node it loads the ``BT``-slot chunks of the node's path row, its
+  ancestors' ``gamma``, keys ``[BT, K]`` and update vectors ``[BT, BV]`` (written by this same
+  program for earlier nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The
+  scratch is ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, the node's ``g`` and
+  ``gamma`` in the last two.
+
+  With ``SGLANG`` set it is the integration kernel of SGLang's tree verify
+  (``sglang_verify.gdn_tree_verify``): it reads SGLang's raw inputs instead of prepared ones -- the
+  conv output's q/k/v, the gate inputs ``a``, ``b`` with ``A_log``, ``dt_bias`` -- and forms the
+  gates, the q/k l2-norm and the ``K^-0.5`` scale in-kernel with the operations, in the order,
+  of SGLang's recurrent kernel (``fused_sigmoid_gating_recurrent.py``); the initial state is the
+  pool row ``cache_indices[b]`` (``< 0``: a padding request, whose outputs are zeros and which
+  writes nothing else); the output is in the activation dtype. With ``RING`` it also stores each
+  node's raw pre-norm ``k``, raw ``v`` and its ``g``, ``beta`` into the ReplaySSM ring at column =
+  node index, which is what SGLang's fold kernel (``gdn_replayssm_exact_fold_kernel``) replays.
 - ``_replay_kernel``: one program per (value tile, request x value head), the state tile in registers,
   one recurrent step per path slot (a ``-1`` slot is an identity step).
 """
@@ -24,10 +37,16 @@ import triton.language as tl
 
 from .recurrence_inputs import check_inputs
 
+#: Fewest programs a launch should have before the value tile narrows (the H200 has 132 SMs and
+#: each runs many of these one-request programs at once; SGLang narrows its verify tile to 4 for
+#: the same reason). ``benchmarks/gdn_tree_recurrence.py --sweep`` measures the alternatives.
+TARGET_PROGRAMS = 1024
+
 
 @triton.jit
 def _program_state_tile(
     s0_ptr,
+    row,
     ss_b,
     ss_h,
     ss_k,
@@ -38,21 +57,34 @@ def _program_state_tile(
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):
-    """This program's (request, value head, key/value offsets and masks) and its float32
-    ``[BK, BV]`` tile of the initial state (grid: value tiles x requests*heads)."""
-    i_bh = tl.program_id(1)
-    b = i_bh // HV
-    hv = i_bh % HV
+    """This program's value head, key/value offsets and masks, and its float32 ``[BK, BV]`` tile of
+    state ``row`` of ``s0_ptr`` (grid: value tiles x requests*heads)."""
+    hv = tl.program_id(1) % HV
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
     ok_k = offs_k < DK
     ok_v = offs_v < DV
     tile = tl.load(
-        s0_ptr + b * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
+        s0_ptr + row * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
         mask=ok_k[:, None] & ok_v[None, :],
         other=0.0,
     ).to(tl.float32)
-    return b, hv, offs_k, offs_v, ok_k, ok_v, tile
+    return hv, offs_k, offs_v, ok_k, ok_v, tile
+
+
+@triton.jit
+def _sglang_g(a, a_log, dt_bias):
+    """SGLang's GDN log-decay as its recurrent kernel forms it with ``softplus_beta = 1``,
+    ``softplus_threshold = 20`` (what gdn_backend passes; its ``1.0 * x`` is ``x`` exactly):
+    ``g = -exp(A_log) * softplus(a + dt_bias)``."""
+    x = a + dt_bias
+    return -tl.exp(a_log) * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+
+
+@triton.jit
+def _sglang_beta(b):
+    """SGLang's ``beta = sigmoid(b)``, in its recurrent kernel's form."""
+    return 1.0 / (1.0 + tl.exp(-b))
 
 
 @triton.jit
@@ -60,12 +92,23 @@ def _tree_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
-    g_ptr,
-    beta_ptr,
+    g_ptr,  # SGLANG: the gate input a
+    beta_ptr,  # SGLANG: the gate input b
+    a_log_ptr,  # SGLANG only
+    dt_bias_ptr,  # SGLANG only
     paths_ptr,
     s0_ptr,
-    u_ptr,
+    s0_rows_ptr,  # SGLANG: cache_indices (the pool row per request, < 0 = padding)
+    scr_ptr,
     o_ptr,
+    ring_k_ptr,  # RING only: [R, Hk, N, K], [R, Hv, N, V], [R, Hv, N], [R, Hv, N]
+    ring_v_ptr,
+    ring_g_ptr,
+    ring_beta_ptr,
+    ring_rows_ptr,  # RING: the ring row per request
+    sq_b,
+    sq_n,
+    sq_h,
     sk_b,
     sk_n,
     sk_h,
@@ -82,11 +125,19 @@ def _tree_kernel(
     ss_h,
     ss_k,
     ss_v,
-    sq_b,
-    sq_n,
-    sq_h,
+    srk_r,
+    srk_h,
+    srk_n,
+    srv_r,
+    srv_h,
+    srv_n,
+    srg_r,
+    srg_h,
+    srbeta_r,
+    srbeta_h,
+    scale,
     N,
-    W,
+    W: tl.constexpr,
     HV: tl.constexpr,
     GRP: tl.constexpr,
     DK: tl.constexpr,
@@ -94,43 +145,110 @@ def _tree_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
+    BN: tl.constexpr,
+    SGLANG: tl.constexpr,
+    RING: tl.constexpr,
 ):
-    b, hv, offs_k, offs_v, ok_k, ok_v, s0 = _program_state_tile(
-        s0_ptr, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
+    b = tl.program_id(1) // HV
+    if SGLANG:
+        row = tl.load(s0_rows_ptr + b).to(tl.int64)
+    else:
+        row = b.to(tl.int64)
+    hv, offs_k, offs_v, ok_k, ok_v, s0 = _program_state_tile(
+        s0_ptr, tl.maximum(row, 0), ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
     hk = hv // GRP
+    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma)
+    o_off = b * N * HV * DV + hv * DV
+    SP: tl.constexpr = DV + 2
+    scr = scr_ptr + b * N * HV * SP + hv * SP
+    if row < 0:  # an SGLang padding request: zeros out, nothing else written
+        for i in range(N):
+            tl.store(o_ptr + o_off + i * (HV * DV) + offs_v, tl.zeros([BV], tl.float32), mask=ok_v)
+        return
     q_base = q_ptr + b * sq_b + hk * sq_h
     k_base = k_ptr + b * sk_b + hk * sk_h
-    g_base = g_ptr + b * sg_b + hv * sg_h
-    # u and o: contiguous [bs, N, HV, DV]
-    uo_off = b * N * HV * DV + hv * DV
+    v_base = v_ptr + b * sv_b + hv * sv_h
+    if SGLANG:
+        a_log = tl.load(a_log_ptr + hv).to(tl.float32)
+        dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
+    if RING:
+        ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
+        ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
+        ring_v = ring_v_ptr + ring_row * srv_r + hv * srv_h
+        stores_k = (tl.program_id(0) == 0) & (hv % GRP == 0)  # one program per key head
+
+    # prologue: every node's g (SGLANG: formed from a, b) and gamma = sum of g along its path
+    offs_n = tl.arange(0, BN)
+    ok_n = offs_n < N
+    if SGLANG:
+        a_n = tl.load(g_ptr + b * sg_b + offs_n * sg_n + hv * sg_h, mask=ok_n, other=0.0)
+        g_n = _sglang_g(a_n.to(tl.float32), a_log, dt_bias)
+        tl.store(scr + offs_n * (HV * SP) + DV, g_n, mask=ok_n)
+        if RING:
+            if tl.program_id(0) == 0:
+                tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + offs_n, g_n, mask=ok_n)
+                b_n = tl.load(
+                    beta_ptr + b * sbeta_b + offs_n * sbeta_n + hv * sbeta_h, mask=ok_n, other=0.0
+                )
+                tl.store(
+                    ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + offs_n,
+                    _sglang_beta(b_n.to(tl.float32)),
+                    mask=ok_n,
+                )
+        tl.debug_barrier()  # the gathers below read g back
+        g_at = scr + DV  # g of node j: g_at[j * HV * SP]
+        sg_node = HV * SP
+    else:
+        g_at = g_ptr + b * sg_b + hv * sg_h
+        sg_node = sg_n
+    gamma_n = tl.zeros([BN], dtype=tl.float32)
+    for t in range(W):
+        node = tl.load(paths_ptr + (b * N + offs_n) * W + t, mask=ok_n, other=-1)
+        gamma_n += tl.load(g_at + node * sg_node, mask=node >= 0, other=0.0).to(tl.float32)
+    tl.store(scr + offs_n * (HV * SP) + DV + 1, gamma_n, mask=ok_n)
+    tl.debug_barrier()
+
     for i in range(N):
-        row = paths_ptr + (b * N + i) * W
-        gamma = 0.0  # sum of g along node i's path
-        for t0 in range(0, W, BT):
-            t = t0 + tl.arange(0, BT)
-            node = tl.load(row + t, mask=t < W, other=-1)
-            gamma += tl.sum(tl.load(g_base + node * sg_n, mask=node >= 0, other=0.0).to(tl.float32))
+        prow = paths_ptr + (b * N + i) * W
         k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
         q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+        v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+        if SGLANG:
+            if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
+                tl.store(
+                    ring_v + i * srv_n + offs_v, v_i.to(ring_v_ptr.dtype.element_ty), mask=ok_v
+                )
+                if stores_k:
+                    tl.store(
+                        ring_k + i * srk_n + offs_k,
+                        k_i.to(ring_k_ptr.dtype.element_ty),
+                        mask=ok_k,
+                    )
+            q_i *= 1.0 / tl.sqrt(tl.sum(q_i * q_i) + 1e-6)
+            k_i *= 1.0 / tl.sqrt(tl.sum(k_i * k_i) + 1e-6)
+            q_i = q_i * scale
+        beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
+        if SGLANG:
+            beta_i = _sglang_beta(beta_i)
+        gamma = tl.load(scr + i * (HV * SP) + DV + 1)
         corr_u = tl.zeros([BV], dtype=tl.float32)
         corr_o = tl.zeros([BV], dtype=tl.float32)
-        gamma_before = 0.0  # sum of g over the path slots of earlier chunks
-        for t0 in range(0, W, BT):
+        for t0 in tl.static_range(0, W, BT):
             t = t0 + tl.arange(0, BT)
-            node = tl.load(row + t, mask=t < W, other=-1)
-            g_t = tl.load(g_base + node * sg_n, mask=node >= 0, other=0.0).to(tl.float32)
-            gamma_anc = gamma_before + tl.cumsum(g_t, 0)
-            gamma_before += tl.sum(g_t)
+            node = tl.load(prow + t, mask=t < W, other=-1)
             anc = (node >= 0) & (node != i)
+            gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
             w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
             k_anc = tl.load(
                 k_base + node[:, None] * sk_n + offs_k[None, :],
                 mask=anc[:, None] & ok_k[None, :],
                 other=0.0,
             ).to(tl.float32)
+            if SGLANG:
+                k_anc *= (1.0 / tl.sqrt(tl.sum(k_anc * k_anc, 1) + 1e-6))[:, None]
             u_anc = tl.load(
-                u_ptr + uo_off + node[:, None] * (HV * DV) + offs_v[None, :],
+                scr + node[:, None] * (HV * SP) + offs_v[None, :],
                 mask=anc[:, None] & ok_v[None, :],
                 other=0.0,
             )
@@ -138,17 +256,17 @@ def _tree_kernel(
             qk = tl.sum(k_anc * q_i[None, :], 1)
             corr_u += tl.sum((w * kk)[:, None] * u_anc, 0)
             corr_o += tl.sum((w * qk)[:, None] * u_anc, 0)
-        v_i = tl.load(v_ptr + b * sv_b + i * sv_n + hv * sv_h + offs_v, mask=ok_v, other=0.0).to(
-            tl.float32
-        )
-        beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
         decay = tl.exp(gamma)
         u_i = beta_i * (v_i - decay * tl.sum(s0 * k_i[:, None], 0) - corr_u)
-        tl.store(u_ptr + uo_off + i * (HV * DV) + offs_v, u_i, mask=ok_v)
+        tl.store(scr + i * (HV * SP) + offs_v, u_i, mask=ok_v)
         tl.debug_barrier()  # later nodes of this program read u_i back
         o_i = decay * tl.sum(s0 * q_i[:, None], 0) + corr_o + tl.sum(q_i * k_i) * u_i
-        real = tl.load(row) >= 0  # a padding row has no path
-        tl.store(o_ptr + uo_off + i * (HV * DV) + offs_v, tl.where(real, o_i, 0.0), mask=ok_v)
+        real = tl.load(prow) >= 0  # a padding slot has no path
+        tl.store(
+            o_ptr + o_off + i * (HV * DV) + offs_v,
+            tl.where(real, o_i, 0.0).to(o_ptr.dtype.element_ty),
+            mask=ok_v,
+        )
 
 
 @triton.jit
@@ -184,8 +302,9 @@ def _replay_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):
-    b, hv, offs_k, offs_v, ok_k, ok_v, state = _program_state_tile(
-        s0_ptr, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
+    b = tl.program_id(1) // HV
+    hv, offs_k, offs_v, ok_k, ok_v, state = _program_state_tile(
+        s0_ptr, b, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
     hk = hv // GRP
     for t in range(D):
@@ -216,31 +335,110 @@ def _last_dim_contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x if x.stride(-1) == 1 else x.contiguous() for x in xs]
 
 
-def _block_v(dv: int, programs_per_tile: int, block_v: int | None) -> int:
-    """Value tile width: 32 columns, 16 when that leaves fewer than ~2 waves of programs."""
-    if block_v is not None:
-        if block_v < 1 or block_v & (block_v - 1):
-            raise ValueError(f"block_v must be a power of two; got {block_v}")
-        return block_v
+def choose_block_v(dv: int, requests_x_heads: int, override: int | None = None) -> int:
+    """The value tile width: the widest power of two in 4..32 (at most ``dv`` rounded up) that still
+    gives ``TARGET_PROGRAMS`` programs, so small batches spread over more programs. ``override``
+    (a power of two) is returned as is."""
+    if override is not None:
+        if override < 1 or override & (override - 1):
+            raise ValueError(f"block_v must be a power of two; got {override}")
+        return override
     bv = min(32, triton.next_power_of_2(dv))
-    return 16 if bv == 32 and programs_per_tile * triton.cdiv(dv, bv) < 512 else bv
+    while bv > 4 and requests_x_heads * triton.cdiv(dv, bv) < TARGET_PROGRAMS:
+        bv //= 2
+    return bv
 
 
-def _shared_launch_args(k, v, g, beta, initial_state, block_v: int | None):
-    """The grid (value tiles, requests x value heads), the k / v / g / beta / state strides and the
-    constexprs both kernels take."""
-    bs, _, hk, dk = k.shape
+def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
+    """The head-layout constexprs both kernels take."""
+    return dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
+
+
+def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
+    """The ``[rows, Hv, V + 2]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
+    ``u`` per node and value head, and the node's ``g`` and ``gamma``. Written before it is read,
+    so it needs no initialisation and may be shared by consecutive launches."""
+    return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
+
+
+def launch_tree_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    paths,
+    initial_state,
+    scratch,
+    o,
+    *,
+    sglang=None,
+    ring=None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Launch ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``, ``v [bs, N, Hv, V]`` (last dim
+    contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs ``a``, ``b``), ``paths [bs, N, W]``
+    int32 contiguous, ``initial_state`` with ``[Hv, K, V]`` index order per row (any strides),
+    ``scratch`` from :func:`tree_scratch` with at least ``bs * N`` rows, ``o`` contiguous
+    ``[bs * N, Hv, V]``-shaped. ``sglang = (A_log, dt_bias, cache_indices, scale)`` selects the
+    integration mode; ``ring = (rawk, rawv, g, beta, ring_rows)`` (rings ``[R, Hk, N, K]``,
+    ``[R, Hv, N, V]``, ``[R, Hv, N]``, ``[R, Hv, N]``, last dims contiguous) adds the ring stores."""
+    bs, n, hk, dk = k.shape
     hv, dv = v.shape[2:]
-    bv = _block_v(dv, bs * hv, block_v)
-    strides = (
+    bv = choose_block_v(dv, bs * hv, block_v)
+    width = paths.shape[2]
+    if sglang is None:
+        a_log = dt_bias = rows = initial_state  # unread placeholders
+        scale = 1.0
+    else:
+        a_log, dt_bias, rows, scale = sglang
+    if ring is None:
+        ring_k = ring_v = ring_g = ring_beta = ring_rows = scratch  # unread placeholders
+        ring_strides = (0,) * 10
+    else:
+        ring_k, ring_v, ring_g, ring_beta, ring_rows = ring
+        ring_strides = (
+            *ring_k.stride()[:3],
+            *ring_v.stride()[:3],
+            *ring_g.stride()[:2],
+            *ring_beta.stride()[:2],
+        )
+    _tree_kernel[(triton.cdiv(dv, bv), bs * hv)](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log,
+        dt_bias,
+        paths,
+        initial_state,
+        rows,
+        scratch,
+        o,
+        ring_k,
+        ring_v,
+        ring_g,
+        ring_beta,
+        ring_rows,
+        *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
         *g.stride(),
         *beta.stride(),
         *initial_state.stride(),
+        *ring_strides,
+        scale,
+        n,
+        W=width,
+        BT=min(16, triton.next_power_of_2(width)),
+        BN=triton.next_power_of_2(n),
+        SGLANG=sglang is not None,
+        RING=ring is not None,
+        **_head_consts(hk, hv, dk, dv, bv),
+        num_warps=num_warps or (4 if bv >= 16 else 2),
     )
-    consts = dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
-    return (triton.cdiv(dv, bv), bs * hv), strides, consts
 
 
 def tree_gated_delta_rule_triton(
@@ -252,38 +450,31 @@ def tree_gated_delta_rule_triton(
     paths: torch.Tensor,
     initial_state: torch.Tensor,
     block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """``tree_gated_delta_rule`` on a ``tree_paths`` table ``[bs, N, W]``: ``o [bs, N, Hv, V]`` fp32.
 
     ``q, k, v`` may be strided views (e.g. split from one projection) with a contiguous last dim.
-    ``block_v`` overrides the value tile width (a power of two).
+    ``block_v`` overrides the value tile width (a power of two), ``num_warps`` the launch's warps.
     """
     check_inputs(q, k, v, g, beta, initial_state)
     bs, n = k.shape[:2]
     if paths.dim() != 3 or paths.shape[:2] != (bs, n):
         raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")
-    paths = paths.to(torch.int32).contiguous()
     q, k, v = _last_dim_contiguous(q, k, v)
-    u = torch.empty(*v.shape, dtype=torch.float32, device=k.device)
-    o = torch.empty_like(u)
-    width = paths.shape[2]
-    grid, strides, consts = _shared_launch_args(k, v, g, beta, initial_state, block_v)
-    _tree_kernel[grid](
+    o = torch.empty(*v.shape, dtype=torch.float32, device=k.device)
+    launch_tree_kernel(
         q,
         k,
         v,
         g,
         beta,
-        paths,
+        paths.to(torch.int32).contiguous(),
         initial_state,
-        u,
+        tree_scratch(bs * n, v.shape[2], v.shape[3], k.device),
         o,
-        *strides,
-        *q.stride()[:3],
-        n,
-        width,
-        BT=min(16, triton.next_power_of_2(width)),
-        **consts,
+        block_v=block_v,
+        num_warps=num_warps,
     )
     return o
 
@@ -299,12 +490,28 @@ def replay_path_state_triton(
 ) -> torch.Tensor:
     """``replay_path_state`` without validating ``path`` ``[bs, D]`` (``-1`` = identity step)."""
     check_inputs(None, k, v, g, beta, initial_state)
-    bs, _, _, dk = k.shape
+    bs, _, hk, dk = k.shape
+    hv, dv = v.shape[2:]
     if path.dim() != 2 or path.shape[0] != bs:
         raise ValueError(f"path must be [bs={bs}, D]; got {tuple(path.shape)}")
     path = path.to(torch.int32).contiguous()
     k, v = _last_dim_contiguous(k, v)
-    out = torch.empty(bs, v.shape[2], dk, v.shape[3], dtype=torch.float32, device=k.device)
-    grid, strides, consts = _shared_launch_args(k, v, g, beta, initial_state, block_v)
-    _replay_kernel[grid](k, v, g, beta, path, initial_state, out, *strides, path.shape[1], **consts)
+    out = torch.empty(bs, hv, dk, dv, dtype=torch.float32, device=k.device)
+    bv = choose_block_v(dv, bs * hv, block_v)
+    _replay_kernel[(triton.cdiv(dv, bv), bs * hv)](
+        k,
+        v,
+        g,
+        beta,
+        path,
+        initial_state,
+        out,
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *g.stride(),
+        *beta.stride(),
+        *initial_state.stride(),
+        path.shape[1],
+        **_head_consts(hk, hv, dk, dv, bv),
+    )
     return out

@@ -284,7 +284,7 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.speculative.eagle_utils:_seeded_verify_coins": Sig(
         ("sampling_seed", "seq_lens", "draft_token_num", "device")
     ),
-    "sglang.kernels.ops.speculative.spec_tree:verify_tree_greedy_func": Sig(
+    "sglang.srt.speculative.eagle_utils:verify_tree_greedy_func": Sig(
         (
             "predicts",
             "accept_index",

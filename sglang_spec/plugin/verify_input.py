@@ -6,8 +6,9 @@ SGLang ABI every decode step (:func:`verify_input_from_tree`), and the CUDA-grap
 placeholder a target graph is captured with (no ABI: the ``retrieve_*`` buffers are filled at
 replay). Importing this module imports SGLang.
 
-Both also carry ``retrieve_tree_paths`` (``[bs, N, L + 1]`` int32, node ``i``'s root-first path of
-node indices, ``-1`` padded: ``sglang_spec.gdn.tree_paths`` with ``width = L + 1``, built on the
+Both also carry ``retrieve_tree_paths`` (``[bs, N, D + 1]`` int32 with ``D = min(L, budget)`` =
+``spec_steps``, the width of the backend's per-bs graph buffer; node ``i``'s root-first path of
+node indices, ``-1`` padded: ``sglang_spec.gdn.tree_paths`` with ``width = D + 1``, built on the
 device without a host read), which the GDN tree ReplaySSM verify of patch 0002 reads
 (docs/gdn-tree-caching.md §4, row 5). The capture placeholder's table is a valid tree of the
 graph's shape (every node a child of the root), since the graph buffers are filled at replay.
@@ -78,7 +79,7 @@ class DDTreeVerifyInput(EagleVerifyInput):
             retrieve_tree_paths=(
                 None
                 if parents is None
-                else tree_paths(parents, width=config.horizon + 1).to(torch.int32)
+                else tree_paths(parents, width=config.max_depth + 1).to(torch.int32)
             ),
         )
 

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
-from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -43,7 +42,11 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-from sglang.srt.speculative.eagle_utils import eagle_prepare_for_verify, eagle_sample
+from sglang.srt.speculative.eagle_utils import (
+    eagle_prepare_for_verify,
+    eagle_sample,
+    verify_tree_greedy_func,
+)
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,

@@ -1,0 +1,246 @@
+"""The GDN tree verify inside SGLang 0.5.23 (patch 0002, docs/gdn-tree-caching.md §4 rows 4 and 5).
+
+With ``--enable-linear-replayssm-spec`` and a draft tree (patch 0003 makes the pool allocate the
+ReplaySSM ring for it), SGLang's GDN backend verifies the tree without per-node recurrent states:
+one launch of the integration kernel (``triton_tree_recurrence._tree_kernel`` with ``SGLANG`` and
+``RING``) reads the conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows
+``ssm_states[cache_indices[b]]`` and the request's root-first path table, writes the layer's core
+output in the activation dtype and each node's raw inputs into the ring, which the commit
+(patch 0003) replays along the accepted path.
+
+* :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
+* :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
+  calls for a tree;
+* :class:`TreeVerifyTables` -- the per-backend state the patched ``MambaAttnBackendBase`` keeps: the
+  CUDA-graph buffers of ``retrieve_tree_paths`` (one per captured batch size, refreshed at replay)
+  and the kernel's scratch, shared by all layers of a step.
+
+``retrieve_tree_paths`` (``[bs, N, W]`` int32, ``W`` = tree horizon + 1, row i = node i's root-first
+path padded with -1) comes from the verify input (``spec_info.retrieve_tree_paths``, set by the
+DDTREE plug-in from ``tree_paths(parents, width=W)``). The ring row of request ``b`` is
+``intermediate_state_indices[b]``, the row its conv windows use (docs/gdn_shared contract).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .triton_tree_recurrence import launch_tree_kernel, tree_scratch
+
+
+def gdn_tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,  # noqa: N803 -- SGLang's parameter name
+    dt_bias: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    paths: torch.Tensor,
+    scratch: torch.Tensor,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ring_rows: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The tree verify of one GDN layer on SGLang's tensors: ``o [1, T, Hv, V]`` in ``q``'s dtype.
+
+    ``q, k [1, T, Hk, K]`` and ``v [1, T, Hv, V]`` are the conv output's q/k/v (views with a
+    contiguous last dim, as SGLang splits them), ``T = bs * N``; ``a, b [T, Hv]`` the gate inputs;
+    ``A_log``, ``dt_bias [Hv]``; ``ssm_states [slots, Hv, V, K]`` the layer's fp32 pool (read only);
+    ``cache_indices [>= bs]`` its row per request (< 0: a padding request: zero outputs, no ring
+    stores); ``paths [bs, N, W]`` int32; ``scratch`` from :func:`tree_scratch` with ``>= T`` rows.
+    ``ring = (rawk [R, Hk, N', K], rawv [R, Hv, N', V], g [R, Hv, N'], beta [R, Hv, N'])`` with
+    ``N' >= N`` and ``ring_rows [>= bs]`` (rows of ``R``) add the ring stores: column i of request
+    b's row holds node i's raw ``k``, ``v`` and its ``g``, ``beta`` (fp32).
+    """
+    if paths.dim() != 3 or paths.dtype != torch.int32 or not paths.is_contiguous():
+        raise ValueError(
+            f"paths must be a contiguous int32 [bs, N, W] table; got {paths.dtype} {tuple(paths.shape)}"
+        )
+    bs, n, _ = paths.shape
+    if q.dim() != 4 or q.shape[1] != bs * n or q.shape[0] != 1:
+        raise ValueError(
+            f"q must be [1, bs * N = {bs * n}, Hk, K] for paths {tuple(paths.shape)}; got {tuple(q.shape)}"
+        )
+    hk, dk = q.shape[2:]
+    hv, dv = v.shape[2:]
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or hv % hk:
+        raise ValueError(
+            f"k must be q's shape {tuple(q.shape)} and v [1, {bs * n}, Hv, V] with Hk={hk} dividing Hv; "
+            f"got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if a.shape != (bs * n, hv) or b.shape != (bs * n, hv):
+        raise ValueError(
+            f"a and b must be [T, Hv] = {(bs * n, hv)}; got {tuple(a.shape)}, {tuple(b.shape)}"
+        )
+    if ssm_states.dim() != 4 or ssm_states.shape[1:] != (hv, dv, dk):
+        raise ValueError(
+            f"ssm_states must be [slots, Hv, V, K] = [slots, {hv}, {dv}, {dk}]; got {tuple(ssm_states.shape)}"
+        )
+    if cache_indices.shape[0] < bs:
+        raise ValueError(f"cache_indices must have >= bs = {bs} rows; got {cache_indices.shape[0]}")
+    if (
+        scratch.dtype != torch.float32
+        or not scratch.is_contiguous()
+        or scratch.shape[0] < bs * n
+        or scratch.shape[1:] != (hv, dv + 2)
+    ):
+        raise ValueError(
+            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
+            f"got {scratch.dtype} {tuple(scratch.shape)}"
+        )
+    if (ring is None) != (ring_rows is None):
+        raise ValueError("ring and ring_rows go together: give both or neither")
+    if ring is not None:
+        want = ((hk, dk), (hv, dv), (hv,), (hv,))
+        got = [tuple(x.shape[1:2]) + tuple(x.shape[3:]) for x in ring]
+        if (
+            got != [tuple(w) for w in want]
+            or any(x.shape[2] < n or x.stride(-1) != 1 for x in ring)
+            or ring_rows.shape[0] < bs
+        ):
+            raise ValueError(
+                "ring must be (rawk [R, Hk, >=N, K], rawv [R, Hv, >=N, V], g [R, Hv, >=N], "
+                f"beta [R, Hv, >=N]) with Hk={hk}, K={dk}, Hv={hv}, V={dv}, N={n}, contiguous last "
+                f"dims, and ring_rows >= bs = {bs} rows; got {[tuple(x.shape) for x in ring]}, "
+                f"ring_rows {tuple(ring_rows.shape)}"
+            )
+    o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
+    launch_tree_kernel(
+        q.view(bs, n, hk, dk),
+        k.view(bs, n, hk, dk),
+        v.view(bs, n, hv, dv),
+        a.view(bs, n, hv),
+        b.view(bs, n, hv),
+        paths,
+        ssm_states.transpose(-1, -2),
+        scratch,
+        o,
+        sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
+        ring=None if ring is None else (*ring, ring_rows),
+        block_v=block_v,
+        num_warps=num_warps,
+    )
+    return o
+
+
+class TreeVerifyTables:
+    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernel's scratch
+    (shared by every layer and step) and, for CUDA graphs, one static ``retrieve_tree_paths``
+    buffer per captured batch size (allocated when that size is captured, outside the graph;
+    refreshed from the verify input before each replay)."""
+
+    def __init__(self, num_v_heads: int, head_v_dim: int, device):
+        self.num_v_heads = num_v_heads
+        self.head_v_dim = head_v_dim
+        self.device = device
+        self._scratch: torch.Tensor | None = None
+        self._graphs = False
+        self._paths: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def for_backend(cls, topk: int, mamba_pool, device) -> TreeVerifyTables | None:
+        """The tables when ``mamba_pool`` runs the GDN tree fold (a GDN pool with the ReplaySSM ring
+        of a tree: ``replayssm_spec_fold`` and ``topk > 1``), else None."""
+        if (
+            topk <= 1
+            or mamba_pool is None
+            or not getattr(mamba_pool, "replayssm_spec_fold", False)
+            or getattr(mamba_pool, "replayssm_is_kda", False)
+        ):
+            return None
+        _, _, hv, dv, _ = mamba_pool.mamba_cache.temporal.shape  # [layers, slots, Hv, V, K]
+        return cls(hv, dv, device)
+
+    def init_graphs(self, max_num_tokens: int) -> None:
+        """Size the scratch for the largest captured batch; it stays put from now on (graphs hold
+        its address)."""
+        self._scratch = tree_scratch(max_num_tokens, self.num_v_heads, self.head_v_dim, self.device)
+        self._graphs = True
+
+    def scratch(self, rows: int) -> torch.Tensor:
+        """A scratch with ``>= rows`` rows: the shared one, grown in eager mode; an eager batch larger
+        than every captured one gets its own (the graphs keep the shared one's address)."""
+        if self._scratch is not None and self._scratch.shape[0] >= rows:
+            return self._scratch
+        fresh = tree_scratch(rows, self.num_v_heads, self.head_v_dim, self.device)
+        if not self._graphs:
+            self._scratch = fresh
+        return fresh
+
+    def graph_paths(self, bs: int, spec_info) -> torch.Tensor:
+        """The static ``[bs, N, W]`` buffer of graph batch size ``bs`` (``W`` = the verify input's
+        ``spec_steps + 1``), with the verify input's ``retrieve_tree_paths`` copied into its first
+        rows when it has them (a capture's placeholder has none; padding rows are skipped by the
+        kernel through ``cache_indices < 0``)."""
+        buf = self._paths.get(bs)
+        if buf is None:
+            shape = (bs, int(spec_info.draft_token_num), int(spec_info.spec_steps) + 1)
+            buf = torch.full(shape, -1, dtype=torch.int32, device=self.device)
+            self._paths[bs] = buf
+        paths = getattr(spec_info, "retrieve_tree_paths", None)
+        if paths is not None:
+            if paths.shape[1:] != buf.shape[1:] or paths.shape[0] > bs:
+                raise ValueError(
+                    f"retrieve_tree_paths must be [<= {bs}, {buf.shape[1]}, {buf.shape[2]}] (the "
+                    f"captured graph's width and horizon + 1); got {tuple(paths.shape)}"
+                )
+            buf[: paths.shape[0]].copy_(paths)
+        return buf
+
+
+def replayssm_tree_verify(
+    backend,
+    *,
+    layer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    layer_cache,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    retrieve_tree_paths: torch.Tensor | None,
+    ring_rows: torch.Tensor,
+) -> torch.Tensor:
+    """The tree branch of the patched ``GDNAttnBackend._replayssm_fold_target_verify``: the verify
+    of one GDN layer over the step's trees, writing the layer's ReplaySSM ring (``layer_cache``'s
+    per-layer ``replayssm_*`` views) at request rows ``ring_rows`` (the verify's
+    ``intermediate_state_indices``). ``backend.tree_verify`` is its :class:`TreeVerifyTables`."""
+    if retrieve_tree_paths is None:
+        raise ValueError(
+            "the GDN tree ReplaySSM verify needs spec_info.retrieve_tree_paths ([bs, N, horizon + 1] "
+            "int32 root-first node paths, set by the DDTREE plug-in); this verify input has none"
+        )
+    batch_size = query_start_loc.shape[0] - 1
+    seq_len = query.shape[1]
+    if seq_len != batch_size * retrieve_tree_paths.shape[1]:
+        raise ValueError(
+            f"the tree verify needs N = {retrieve_tree_paths.shape[1]} tokens per request; got "
+            f"{seq_len} tokens for {batch_size} requests"
+        )
+    return gdn_tree_verify(
+        query,
+        key,
+        value,
+        a,
+        b,
+        layer.A_log,
+        layer.dt_bias,
+        ssm_states,
+        cache_indices,
+        retrieve_tree_paths[:batch_size],
+        backend.tree_verify.scratch(seq_len),
+        ring=(
+            layer_cache.replayssm_rawk,
+            layer_cache.replayssm_rawv,
+            layer_cache.replayssm_g,
+            layer_cache.replayssm_beta,
+        ),
+        ring_rows=ring_rows,
+    )

@@ -1,0 +1,223 @@
+"""Patch 0002 (GDN tree ReplaySSM, verify side) and its integration kernel, on the CPU.
+
+``gdn_sglang_verify_cases.py`` runs in a child process under ``TRITON_INTERPRET=1`` with a patched
+copy of the installed SGLang 0.5.23 first on ``sys.path`` (``patched_sglang.py``) and returns raw
+results on one random case: 4 requests of a 10-slot tree (padding slots, depth <= 6), request 1 a
+padding request (``cache_indices = -1``), GQA 1:3, q/k/v and a/b strided views of one projection
+each, two value tiles per head, a path table two columns wider than the deepest path and a ring
+two columns wider than the tree. Checked here:
+
+* the integration kernel = SGLang's gating + division-form l2-norm + ``K^-0.5`` scale in torch,
+  then ``tree_gated_delta_rule`` (the torch core) from the pool rows ``cache_indices[b]``
+  (<= 1e-5); zero outputs for padding slots and the padding request; the pool untouched;
+* its ring = the ring SGLang's own recurrent kernel stores for the same tokens, bit for bit (raw
+  pre-norm k per key head, raw v, g, beta), at row ``ring_rows[b]``, columns 0..N-1 only, and the
+  padding request's row untouched;
+* SGLang's released fold kernel replaying a path from that ring = ``replay_path_state`` on the
+  path (<= 1e-5): the ring holds what the fold expects per step;
+* the patched ``_replayssm_fold_target_verify`` returns the integration kernel's outputs and ring,
+  bit for bit; a verify input without ``retrieve_tree_paths`` is refused in one line;
+* the patched ``update_verify_buffers_to_fill_after_draft`` copies the verify input's paths into
+  the captured graph buffer (same address), and ``TreeVerifyTables`` keeps its scratch's address
+  once graphs exist.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from patched_sglang import REPO, installed_sglang, patched_copy
+
+from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
+from sglang_spec.gdn.sglang_verify import TreeVerifyTables, replayssm_tree_verify
+
+FOLD = "kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = patched_copy(tmp_path_factory.mktemp("patched_sglang"))
+    out = root / "out.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{REPO}")
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests/gdn_sglang_verify_cases.py"),
+            str(installed_sglang() / FOLD),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(REPO),
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def reference_inputs(case):
+    """SGLang's kernel prologue in torch: gates, division-form l2-norm, scale; states [Hv, K, V]."""
+    bs, n = case["parents"].shape
+    hk, dk = 1, 16
+    hv = case["A_log"].shape[0]
+    mixed, ab = case["mixed"], case["ab"]
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, mixed.shape[1] - 2 * hk * dk], dim=-1)
+    q, k = (x.reshape(bs, n, hk, dk) for x in (q, k))
+    v = v.reshape(bs, n, hv, -1)
+    a, b = (x.reshape(bs, n, hv) for x in torch.split(ab, [hv, hv], dim=-1))
+
+    def l2(x):
+        return x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6))
+
+    g = -case["A_log"].exp() * F.softplus(a + case["dt_bias"])
+    beta = torch.sigmoid(b)
+    s0 = case["pool"][case["cache_indices"].long().clamp(min=0)].transpose(-1, -2)
+    return l2(q) * dk**-0.5, l2(k), v, g, beta, s0, (q, k, v)
+
+
+def real_requests(case):
+    return [b for b in range(case["parents"].shape[0]) if int(case["cache_indices"][b]) >= 0]
+
+
+def test_kernel_equals_sglang_prologue_plus_tree_core(results):
+    case, ours = results["case"], results["ours"]
+    q, k, v, g, beta, s0, _ = reference_inputs(case)
+    bs, n = case["parents"].shape
+    want = tree_gated_delta_rule(q, k, v, g, beta, case["parents"], s0)
+    o = ours["o"].view(bs, n, *ours["o"].shape[2:])
+    real_slot = (case["parents"] >= 0) | (torch.arange(n) == 0)
+    checked = 0
+    for b in real_requests(case):
+        err = (o[b][real_slot[b]] - want[b][real_slot[b]]).abs().max()
+        assert err <= TOL, (b, float(err))
+        assert float(want[b].abs().max()) > 0.1  # not vacuous
+        assert torch.all(o[b][~real_slot[b]] == 0)  # padding slots
+        checked += 1
+    assert checked == 3 and int((~real_slot[real_requests(case)]).sum()) > 0
+    assert torch.all(o[1] == 0)  # the padding request
+    assert torch.equal(ours["pool_after"], case["pool"])  # the verify never writes the checkpoint
+
+
+def test_ring_is_what_sglangs_verify_kernel_stores(results):
+    case, ring, sg = results["case"], results["ours"]["ring"], results["sglang_ring"]
+    n = case["parents"].shape[1]
+    _, _, _, g, beta, _, (_, k_raw, v_raw) = reference_inputs(case)
+    for b in real_requests(case):
+        row, slot = int(case["ring_rows"][b]), int(case["cache_indices"][b])
+        for name in ("rawk", "rawv", "g", "beta"):
+            assert torch.equal(
+                ring[name][row][..., :n, :] if name.startswith("raw") else ring[name][row][:, :n],
+                sg[name][slot][..., :n, :] if name.startswith("raw") else sg[name][slot][:, :n],
+            ), (b, name)
+        # and what that is: raw k, raw v, the torch gates (to float rounding)
+        assert torch.equal(ring["rawk"][row][:, :n], k_raw[b].transpose(0, 1))
+        assert torch.equal(ring["rawv"][row][:, :n], v_raw[b].transpose(0, 1))
+        assert (ring["g"][row][:, :n] - g[b].T).abs().max() <= 1e-6
+        assert (ring["beta"][row][:, :n] - beta[b].T).abs().max() <= 1e-6
+        # columns past the tree untouched
+        assert torch.all(ring["rawv"][row][:, n:] == 7.0) and torch.all(
+            ring["g"][row][:, n:] == 7.0
+        )
+    # the padding request's row (ring_rows[1]) and the unused row 3: untouched
+    for row in (int(case["ring_rows"][1]), 3):
+        for name in ("rawk", "rawv", "g", "beta"):
+            assert torch.all(ring[name][row] == 7.0), (row, name)
+
+
+def test_sglang_fold_of_the_ring_replays_the_path(results):
+    case = results["case"]
+    q, k, v, g, beta, s0, _ = reference_inputs(case)
+    folds = results["folds"]
+    assert len(folds) == 6 and max(len(f["path"]) for f in folds) >= 4
+    for f in folds:
+        b, path = f["b"], f["path"]
+        want = replay_path_state(
+            k[b : b + 1],
+            v[b : b + 1],
+            g[b : b + 1],
+            beta[b : b + 1],
+            torch.tensor([path]),
+            s0[b : b + 1],
+        )[0]
+        got = f["state"].transpose(-1, -2)  # SGLang's [Hv, V, K]
+        assert (got - want).abs().max() <= TOL, (b, path)
+        assert (want - s0[b]).abs().max() > 0.05  # the path moved the state
+
+
+def test_patched_backend_runs_the_tree_kernel(results):
+    ours, patched = results["ours"], results["patched"]
+    assert torch.equal(patched["o"], ours["o"])
+    for name in ("rawk", "rawv", "g", "beta"):
+        assert torch.equal(patched["ring"][name], ours["ring"][name]), name
+
+
+def test_graph_buffer_takes_the_verify_inputs_paths(results):
+    case, got = results["case"], results["graph_paths"]
+    bs = case["paths"].shape[0]
+    assert got["same_buffer"]
+    assert torch.equal(got["buffer"][:bs], case["paths"])
+    assert torch.all(got["buffer"][bs:] == -1)
+
+
+def test_tree_verify_tables():
+    tables = TreeVerifyTables(3, 8, "cpu")
+    small = tables.scratch(5)
+    assert small.shape == (5, 3, 10) and tables.scratch(4) is small
+    tables.init_graphs(40)
+    shared = tables.scratch(40)
+    assert shared.shape[0] == 40 and tables.scratch(7) is shared
+    eager = tables.scratch(41)  # larger than every graph: its own, the shared one stays
+    assert eager.shape[0] == 41 and tables.scratch(40) is shared
+    spec = SimpleNamespace(draft_token_num=5, spec_steps=3, retrieve_tree_paths=None)
+    buf = tables.graph_paths(2, spec)
+    assert buf.shape == (2, 5, 4) and torch.all(buf == -1)
+    spec.retrieve_tree_paths = torch.zeros(1, 5, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"retrieve_tree_paths must be \[<= 2, 5, 4\]"):
+        tables.graph_paths(2, spec)
+    pool = SimpleNamespace(
+        replayssm_spec_fold=True,
+        replayssm_is_kda=False,
+        mamba_cache=SimpleNamespace(temporal=torch.empty(2, 4, 3, 8, 16)),
+    )
+    made = TreeVerifyTables.for_backend(4, pool, "cpu")
+    assert (made.num_v_heads, made.head_v_dim) == (3, 8)
+    assert TreeVerifyTables.for_backend(1, pool, "cpu") is None  # a chain
+    assert (
+        TreeVerifyTables.for_backend(
+            4, SimpleNamespace(**{**vars(pool), "replayssm_is_kda": True}), "cpu"
+        )
+        is None
+    )
+    assert (
+        TreeVerifyTables.for_backend(
+            4, SimpleNamespace(**{**vars(pool), "replayssm_spec_fold": False}), "cpu"
+        )
+        is None
+    )
+
+
+def test_tree_verify_without_paths_is_refused():
+    with pytest.raises(ValueError, match="needs spec_info.retrieve_tree_paths"):
+        replayssm_tree_verify(
+            None,
+            layer=None,
+            query=torch.empty(1, 4, 1, 2),
+            key=None,
+            value=None,
+            a=None,
+            b=None,
+            layer_cache=None,
+            ssm_states=None,
+            cache_indices=None,
+            query_start_loc=torch.tensor([0, 4]),
+            retrieve_tree_paths=None,
+            ring_rows=None,
+        )
