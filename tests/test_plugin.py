@@ -209,7 +209,7 @@ def test_cuda_graph_hook(monkeypatch):
 
 def test_config_properties():
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ={})
-    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 1.0)
+    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 0.75)
     assert cfg.eagle_topk == 64
     env = {ENV_TOPK: "1", ENV_TREE_TEMPERATURE: "0.5"}
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ=env)
@@ -222,7 +222,7 @@ def test_config_properties():
 
 def test_config_from_spec():
     spec = SimpleNamespace(speculative_dflash_block_size=8, speculative_num_draft_tokens=33)
-    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 1.0)
+    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 0.75)
     for missing in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
         bad = SimpleNamespace(**{**vars(spec), missing: None})
         with pytest.raises(RuntimeError, match="handle_server_args did not run"):
@@ -414,15 +414,24 @@ def test_topk_env(models, monkeypatch):
 
 @pytest.mark.usefixtures("loaded")
 def test_tree_temperature_env(models, monkeypatch):
-    for good in ("0.5", "1e-3", ""):
-        monkeypatch.setenv(ENV_TREE_TEMPERATURE, good)
+    """The tree temperature server option: resolved in the launcher (the value it logs), 0.75 when
+    unset or empty, and refused with one line naming the value before any model loads."""
+    resolved = []
+    # prepare_server_args resets the root logger's handlers, so listen on the plug-in's logger
+    monkeypatch.setattr(config.logger, "info", lambda msg, *a: resolved.append(msg % a))
+    for raw, want in (("0.5", 0.5), ("1e-3", 0.001), ("", 0.75), (None, 0.75)):
+        if raw is None:
+            monkeypatch.delenv(ENV_TREE_TEMPERATURE, raising=False)
+        else:
+            monkeypatch.setenv(ENV_TREE_TEMPERATURE, raw)
         _resolve(models)
-    assert config.parse_tree_temperature("0.5") == 0.5
-    assert config.parse_tree_temperature(None) == 1.0
+        assert f"tree temperature={want:g}," in resolved[-1]
+    assert config.parse_tree_temperature(None) == config.parse_tree_temperature(" ") == 0.75
     for bad in ("0", "-2", "nan", "inf", "warm"):
         monkeypatch.setenv(ENV_TREE_TEMPERATURE, bad)
-        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid"):
+        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid") as e:
             _resolve(models)
+        assert "\n" not in str(e.value) and "default 0.75" in str(e.value)
 
 
 @pytest.mark.usefixtures("loaded")

@@ -1,6 +1,10 @@
 """DDTREE's configuration: one frozen :class:`DDTreeConfig` and every check SGLang's arguments pass.
 
-Sources: SGLang's own flags (nothing new on the command line) and two environment knobs.
+Sources: SGLang's own flags (nothing new on the command line) and environment knobs. SGLang
+0.5.23's plug-in API cannot add server arguments (``prepare_server_args`` builds its parser from the
+``ServerArgs`` dataclass and ``ServerArgs.from_cli_args`` keeps only its fields), so DDTREE's own
+server options are environment variables, read in the launcher and again in the scheduler
+processes, which inherit the launcher's environment.
 
 * ``--speculative-algorithm DDTREE``
 * ``--speculative-draft-model-path``: the DFlash drafter (required).
@@ -11,9 +15,16 @@ Sources: SGLang's own flags (nothing new on the command line) and two environmen
 * ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default ``budget``,
   the value that makes the best-first tree optimal). A smaller K shrinks the per-depth top-k and
   its TP all-gather at a possible cost in tree quality.
-* ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: finite, ``> 0`` (default 1). The tree ranks prefixes by
+* ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: the tree temperature, a server option: finite, ``> 0``
+  (default :data:`DEFAULT_TREE_TEMPERATURE` = 0.75). The tree ranks prefixes by
   ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
-  verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2).
+  verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2). The default
+  is measured (benchmarks/results/chain_inclusive.md, chain-inclusive trees, reference engine,
+  greedy, held-out prompts, tokens per verify step at budgets 31 / 63): tau = 0.75 matches or
+  beats tau = 1 in all 8 (pair, budget, run) cells, +1 to +4 % -- hybrid pair 3.325 vs 3.241 and
+  3.507 = 3.507 (8 prompts), 3.850 vs 3.751 and 4.163 vs 4.129 (16 prompts); Qwen3 pair 2.450 vs
+  2.370 and 2.695 vs 2.667, 2.528 vs 2.438 and 2.852 vs 2.738 -- while tau = 0.5 falls below
+  tau = 1 on both pairs (hybrid 3.141 / 3.436, Qwen3 2.286 / 2.535).
 * ``SGLANG_SIMULATE_ACC_LEN=n`` (SGLang's own benchmark knob, off unless > 0): every verify step
   accepts a drawn ~n tokens along the tree's best path, whatever the target says. Benchmarks
   only: the output tokens are meaningless (``sglang_spec.plugin.simulate``). Only
@@ -51,6 +62,9 @@ ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.
 MAX_VERIFY_WIDTH = 1024
+
+# SGLANG_DDTREE_TREE_TEMPERATURE when unset (module docstring: the measurement behind it).
+DEFAULT_TREE_TEMPERATURE = 0.75
 
 # Target attention backends whose TARGET_VERIFY path takes a per-request FULL_MASK custom mask
 # (EagleVerifyInput.custom_mask): the list SGLang uses for topk > 1 trees
@@ -287,17 +301,18 @@ def parse_topk(raw: str | None, *, budget: int) -> int:
 
 
 def parse_tree_temperature(raw: str | None) -> float:
-    """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: 1.0)."""
+    """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: the default, 0.75)."""
     from sglang_spec.tree import check_tree_temperature
 
     if raw is None or raw.strip() == "":
-        return 1.0
+        return DEFAULT_TREE_TEMPERATURE
     try:
         return check_tree_temperature(float(raw))
     except ValueError:
         raise DDTreeConfigError(
             f"{ENV_TREE_TEMPERATURE}={raw!r} is not valid: the tree temperature must be a finite "
-            "number > 0 (1 = the drafter's own distribution, < 1 sharpens it)."
+            "number > 0 (1 = the drafter's own distribution, < 1 sharpens it; default "
+            f"{DEFAULT_TREE_TEMPERATURE})."
         ) from None
 
 
