@@ -435,14 +435,102 @@ def test_tree_temperature_env(models, monkeypatch):
 
 
 @pytest.mark.usefixtures("loaded")
-def test_block_verification_and_adaptive_never_reach_ddtree(models):
-    """SGLang itself refuses block verification for DDTREE (speculative_hook.py:175) and turns
-    adaptive speculation off (EAGLE only, _maybe_disable_adaptive) before the plug-in runs, so the
+def test_block_verification_never_reaches_ddtree(models):
+    """SGLang itself refuses block verification for DDTREE (speculative_hook.py:175), so the
     plug-in has no check of its own; this pins that upstream behaviour."""
     with pytest.raises(ValueError, match="block-verification only supports"):
         _resolve(models, "--speculative-use-block-verification")
-    cfg, _ = _resolve(models, "--speculative-adaptive")
-    assert cfg.speculative_adaptive is False
+
+
+def _budget_file(tmp_path, cost_ms, name="budgets.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"cost_ms": cost_ms}))
+    return str(path)
+
+
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_server_args(models, tmp_path, monkeypatch):
+    """--speculative-adaptive + --speculative-adaptive-config: SGLang resolves its EAGLE-only
+    adaptive mode off, DDTREE reads the flag as given, sizes the server for the largest candidate
+    and carries the file to the scheduler, whose config follows the width a capture overrides."""
+    path = _budget_file(tmp_path, {"1": {"7": 30, "31": 40}, "8": {"3": 40, "7": 45}})
+    adaptive = ("--speculative-adaptive", "--speculative-adaptive-config", path)
+    monkeypatch.setenv(ENV_TOPK, "16")
+    for extra in ((), ("--speculative-num-draft-tokens", "32")):
+        cfg, _ = _resolve(models, *adaptive, *extra)
+        assert cfg.speculative_adaptive is False  # SGLang's own mode stays off
+        assert (cfg.speculative_num_draft_tokens, cfg.speculative_adaptive_config) == (32, path)
+        assert cfg.speculative_eagle_topk == 16
+    server = DDTreeConfig.from_spec(cfg)
+    assert (server.verify_width, server.topk_per_depth, server.adaptive_config) == (32, 16, path)
+    with_width = SimpleNamespace(
+        **{
+            **vars(
+                SimpleNamespace(
+                    **{
+                        k: getattr(cfg, k)
+                        for k in ("speculative_dflash_block_size", "speculative_adaptive_config")
+                    }
+                )
+            ),
+            "speculative_num_draft_tokens": 8,
+        }
+    )
+    small = DDTreeConfig.from_spec(with_width)  # K 16 > budget 7: capped, not refused
+    assert small == server.for_budget(7)
+    assert (small.verify_width, small.topk_per_depth, small.adaptive_config) == (8, 7, path)
+    # off: no file carried, the width as given
+    monkeypatch.delenv(ENV_TOPK)
+    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "32")
+    assert cfg.speculative_adaptive_config is None
+    assert DDTreeConfig.from_spec(cfg).adaptive_config is None
+
+
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_refusals(models, tmp_path):
+    path = _budget_file(tmp_path, {"1": {"7": 30, "31": 40}})
+    cases = [
+        (("--speculative-adaptive",), "--speculative-adaptive needs --speculative-adaptive-config"),
+        (
+            ("--speculative-adaptive-config", path),
+            "--speculative-adaptive-config='.*' is given without --speculative-adaptive",
+        ),
+        (
+            (
+                "--speculative-adaptive",
+                "--speculative-adaptive-config",
+                path,
+                "--speculative-num-draft-tokens",
+                "31",
+            ),
+            "--speculative-num-draft-tokens=31 disagrees .* needs verify width 32; valid: 32",
+        ),
+        (
+            ("--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "no.json")),
+            "--speculative-adaptive-config='.*no.json': cannot read a JSON config",
+        ),
+        (
+            (
+                "--speculative-adaptive",
+                "--speculative-adaptive-config",
+                _budget_file(tmp_path, {"1": {"7": 0}}, "zero.json"),
+            ),
+            r"cost_ms\['1'\]\['7'\]=0 is not valid",
+        ),
+    ]
+    for extra, msg in cases:
+        with pytest.raises(DDTreeConfigError, match=msg) as e:
+            _resolve(models, *extra)
+        assert "\n" not in str(e.value)
+    for budget, ok in ((1023, True), (1024, False)):
+        big = _budget_file(tmp_path, {"1": {str(budget): 1}}, f"{budget}.json")
+        if ok:
+            assert config.load_budget_policy(big).budgets == (budget,)
+        else:
+            with pytest.raises(
+                DDTreeConfigError, match="budget 1024 exceeds .* valid budgets: 1..1023"
+            ):
+                config.load_budget_policy(big)
 
 
 # ------------------------------------------------------- decode-step pieces
