@@ -658,6 +658,72 @@ def test_decode_step_runs_the_stages_in_order():
     assert res.logits_output.hidden_states is None  # not kept past the step
 
 
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
+    """Each decode step runs at the controller's budget for its batch size: the target's verify
+    state (per-width backend and graphs, built once per candidate) and the config switch to it, the
+    step measures every nested budget on the device, and the scheduler's CPU hook feeds tau."""
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    path = _budget_file(tmp_path, {"1": {"3": 10, "4": 11}, "4": {"3": 10}, "8": {"4": 12}})
+    cfg = json.loads(open(path).read())
+    open(path, "w").write(json.dumps({**cfg, "warmup_steps": 1, "probe_interval": 0}))
+    calls = []
+    w, r = _staged_worker(calls)
+    w.config = DDTreeConfig(4, 5, 4, 1.0, adaptive_config=path)  # horizon 3, budgets 3 and 4
+    w._target_worker = SimpleNamespace(  # BaseSpecWorker.target_worker's storage
+        model_runner=SimpleNamespace(attn_backend="backend5", decode_cuda_graph_runner="graphs5")
+    )
+    built = []
+
+    def build(worker, width, graph_bs):
+        assert worker is w
+        built.append((width, graph_bs))
+        return adapter.TargetVerifyState(width, f"backend{width}", f"graphs{width}")
+
+    monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2, 4, 8])
+    monkeypatch.setattr(adapter, "build_target_verify_state", build)
+    monkeypatch.setattr(
+        DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append(("drafter", self is w))
+    )
+    w.init_budgets()
+    w.init_cuda_graphs()
+    # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4
+    assert calls == [("drafter", True)] and built == [(4, [1, 2, 4])]
+    assert w.verify_states[4] == adapter.TargetVerifyState(5, "backend5", "graphs5")
+    mr = w.target_worker.model_runner
+
+    def step(bs, accept_index):
+        r["walk"] = worker_mod.Walked(torch.zeros(1), torch.ones(bs), torch.tensor(accept_index))
+        batch = _decode_batch(DFlashDraftInputV2.create_idle_input(device="cpu"), bs=bs)
+        res = w.forward_batch_generation(batch)
+        w.on_verify_complete_cpu([0] * bs, batch_size=bs)
+        return res.speculative_num_draft_tokens
+
+    # 4 requests (bucket 4: budget 3 only): width 4; slots <= 3 accepted: 3 + 2 + 3 + 2 tokens
+    assert step(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("backend4", "graphs4")
+    assert (w.config.verify_width, w.config.topk_per_depth, w.speculative_num_draft_tokens) == (
+        4,
+        3,
+        4,
+    )
+    assert w.budgets.tau == {3: 2.5}
+    w.on_verify_complete_cpu([0] * 4, batch_size=4)  # no new decode step: nothing to feed
+    assert w.budgets.evidence == {3: 1}
+    # 2 requests (bucket 1): budget 4 unmeasured -> run it; it measures 3 (2 + 2) and 4 (3 + 3)
+    assert step(2, [[0, 3, 4, -1], [5, 6, 9, -1]]) == 5
+    assert (mr.attn_backend, w.config.verify_width) == ("backend5", 5)
+    assert w.budgets.tau == {3: pytest.approx(0.8 * 2.5 + 0.2 * 2), 4: 3.0}
+    # both known: 4 -> 3/11 beats 3 -> 2.4/10
+    assert step(1, [[0, 1, -1, -1]]) == 5
+    assert [name for name, _ in calls[1:8]] == list(STAGES)
+
+
 # ------------------------------------------ SGLANG_SIMULATE_ACC_LEN (benchmarks only)
 
 
