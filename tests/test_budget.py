@@ -255,3 +255,43 @@ def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
     for b, total in zip(measured, sums.tolist(), strict=True):
         alone = accepted(build_ddtree(logits, b, roots))
         assert total == float((alone.accept_len + 1).sum()), (b, big)
+
+
+def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
+    """benchmarks/adaptive_budget.py: a level that ran in rounds (C above max_running_requests)
+    is no step cost; the DDTREE rows form a config the server accepts."""
+    from benchmarks.adaptive_budget import cost_table, step_costs
+
+    rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=2)
+    records = [
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 1, "ms_per_step": 30.0},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 2, "ms_per_step": 33.0},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 4, "ms_per_step": 66.0},
+        {**rec, "algorithm": "DDTREE", "budget": 63, "concurrency": 1, "ms_per_step": 42.0},
+        {
+            **rec,
+            "algorithm": "DDTREE",
+            "budget": 63,
+            "concurrency": 1,
+            "ms_per_step": 1.0,
+            "variant": "stages",
+        },
+        {**rec, "algorithm": "AR", "budget": None, "concurrency": 1, "ms_per_step": 20.0},
+        {
+            **rec,
+            "shape": "t",
+            "algorithm": "AR",
+            "budget": None,
+            "concurrency": 2,
+            "ms_per_step": 9.0,
+        },
+    ]
+    costs = step_costs(records, "s")
+    assert costs == {
+        ("DDTREE", 15): {1: 30.0, 2: 33.0},
+        ("DDTREE", 63): {1: 42.0},
+        ("AR", None): {1: 20.0},
+    }
+    table = cost_table(costs)
+    assert table == {"1": {"15": 30.0, "63": 42.0}, "2": {"15": 33.0}}
+    assert BudgetPolicy.from_dict({"cost_ms": table}).budgets == (15, 63)

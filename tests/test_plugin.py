@@ -686,6 +686,7 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
         return adapter.TargetVerifyState(width, f"backend{width}", f"graphs{width}")
 
     monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2, 4, 8])
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
     monkeypatch.setattr(adapter, "build_target_verify_state", build)
     monkeypatch.setattr(
         DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append(("drafter", self is w))

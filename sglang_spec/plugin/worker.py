@@ -151,15 +151,22 @@ class DDTreeWorker(DFlashWorkerV2):
         server = self.config.budget
         self.verify_states[server] = adapter.target_verify_state(self, self.config.verify_width)
         graph_bs = self.budgets.cuda_graph_bs
+        graphs = {server: graph_bs}
         for b in self.budget_configs:
             if b != server:
-                self.verify_states[b] = adapter.build_target_verify_state(
-                    self,
-                    b + 1,
+                graphs[b] = (
                     None
                     if graph_bs is None
-                    else self.budgets.policy.cuda_graph_bs_for_budget(b, graph_bs),
+                    else self.budgets.policy.cuda_graph_bs_for_budget(b, graph_bs)
                 )
+                self.verify_states[b] = adapter.build_target_verify_state(self, b + 1, graphs[b])
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE budget by batch size: target verify states for budgets (CUDA-graph batch "
+                "sizes) %s; cost table (ms per step by batch-size bucket) %s.",
+                dict(sorted(graphs.items())),
+                self.budgets.policy.cost_ms,
+            )
 
     def select_budget(self, batch_size: int) -> None:
         """Run the next decode step at the budget the controller picks for ``batch_size``."""
