@@ -245,7 +245,7 @@ def test_accept_index_fits_the_verify_width_below_the_horizon():
 
 def test_config_properties():
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ={})
-    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 1.0)
+    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 0.75)
     assert cfg.eagle_topk == 64
     env = {ENV_TOPK: "1", ENV_TREE_TEMPERATURE: "0.5"}
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ=env)
@@ -258,7 +258,7 @@ def test_config_properties():
 
 def test_config_from_spec():
     spec = SimpleNamespace(speculative_dflash_block_size=8, speculative_num_draft_tokens=33)
-    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 1.0)
+    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 0.75)
     for missing in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
         bad = SimpleNamespace(**{**vars(spec), missing: None})
         with pytest.raises(RuntimeError, match="handle_server_args did not run"):
@@ -483,26 +483,123 @@ def test_topk_env(models, monkeypatch):
 
 @pytest.mark.usefixtures("loaded")
 def test_tree_temperature_env(models, monkeypatch):
-    for good in ("0.5", "1e-3", ""):
-        monkeypatch.setenv(ENV_TREE_TEMPERATURE, good)
+    """The tree temperature server option: resolved in the launcher (the value it logs), 0.75 when
+    unset or empty, and refused with one line naming the value before any model loads."""
+    resolved = []
+    # prepare_server_args resets the root logger's handlers, so listen on the plug-in's logger
+    monkeypatch.setattr(config.logger, "info", lambda msg, *a: resolved.append(msg % a))
+    for raw, want in (("0.5", 0.5), ("1e-3", 0.001), ("", 0.75), (None, 0.75)):
+        if raw is None:
+            monkeypatch.delenv(ENV_TREE_TEMPERATURE, raising=False)
+        else:
+            monkeypatch.setenv(ENV_TREE_TEMPERATURE, raw)
         _resolve(models)
-    assert config.parse_tree_temperature("0.5") == 0.5
-    assert config.parse_tree_temperature(None) == 1.0
+        assert f"tree temperature={want:g}," in resolved[-1]
+    assert config.parse_tree_temperature(None) == config.parse_tree_temperature(" ") == 0.75
     for bad in ("0", "-2", "nan", "inf", "warm"):
         monkeypatch.setenv(ENV_TREE_TEMPERATURE, bad)
-        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid"):
+        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid") as e:
             _resolve(models)
+        assert "\n" not in str(e.value) and "default 0.75" in str(e.value)
 
 
 @pytest.mark.usefixtures("loaded")
-def test_block_verification_and_adaptive_never_reach_ddtree(models):
-    """SGLang itself refuses block verification for DDTREE (speculative_hook.py:175) and turns
-    adaptive speculation off (EAGLE only, _maybe_disable_adaptive) before the plug-in runs, so the
+def test_block_verification_never_reaches_ddtree(models):
+    """SGLang itself refuses block verification for DDTREE (speculative_hook.py:175), so the
     plug-in has no check of its own; this pins that upstream behaviour."""
     with pytest.raises(ValueError, match="block-verification only supports"):
         _resolve(models, "--speculative-use-block-verification")
-    cfg, _ = _resolve(models, "--speculative-adaptive")
-    assert cfg.speculative_adaptive is False
+
+
+def _budget_file(tmp_path, cost_ms, name="budgets.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"cost_ms": cost_ms}))
+    return str(path)
+
+
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_server_args(models, tmp_path, monkeypatch):
+    """--speculative-adaptive + --speculative-adaptive-config: SGLang resolves its EAGLE-only
+    adaptive mode off, DDTREE reads the flag as given, sizes the server for the largest candidate
+    and carries the file to the scheduler, whose config follows the width a capture overrides."""
+    path = _budget_file(tmp_path, {"1": {"7": 30, "31": 40}, "8": {"3": 40, "7": 45}})
+    adaptive = ("--speculative-adaptive", "--speculative-adaptive-config", path)
+    monkeypatch.setenv(ENV_TOPK, "16")
+    for extra in ((), ("--speculative-num-draft-tokens", "32")):
+        cfg, _ = _resolve(models, *adaptive, *extra)
+        assert cfg.speculative_adaptive is False  # SGLang's own mode stays off
+        assert (cfg.speculative_num_draft_tokens, cfg.speculative_adaptive_config) == (32, path)
+        assert cfg.speculative_eagle_topk == 16
+    server = DDTreeConfig.from_spec(cfg)
+    assert (server.verify_width, server.topk_per_depth, server.adaptive_config) == (32, 16, path)
+    with_width = SimpleNamespace(
+        **{
+            **vars(
+                SimpleNamespace(
+                    **{
+                        k: getattr(cfg, k)
+                        for k in ("speculative_dflash_block_size", "speculative_adaptive_config")
+                    }
+                )
+            ),
+            "speculative_num_draft_tokens": 8,
+        }
+    )
+    small = DDTreeConfig.from_spec(with_width)  # K 16 > budget 7: capped, not refused
+    assert small == server.for_budget(7)
+    assert (small.verify_width, small.topk_per_depth, small.adaptive_config) == (8, 7, path)
+    # off: no file carried, the width as given
+    monkeypatch.delenv(ENV_TOPK)
+    cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "32")
+    assert cfg.speculative_adaptive_config is None
+    assert DDTreeConfig.from_spec(cfg).adaptive_config is None
+
+
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_refusals(models, tmp_path):
+    path = _budget_file(tmp_path, {"1": {"7": 30, "31": 40}})
+    cases = [
+        (("--speculative-adaptive",), "--speculative-adaptive needs --speculative-adaptive-config"),
+        (
+            ("--speculative-adaptive-config", path),
+            "--speculative-adaptive-config='.*' is given without --speculative-adaptive",
+        ),
+        (
+            (
+                "--speculative-adaptive",
+                "--speculative-adaptive-config",
+                path,
+                "--speculative-num-draft-tokens",
+                "31",
+            ),
+            "--speculative-num-draft-tokens=31 disagrees .* needs verify width 32; valid: 32",
+        ),
+        (
+            ("--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "no.json")),
+            "--speculative-adaptive-config='.*no.json': cannot read a JSON config",
+        ),
+        (
+            (
+                "--speculative-adaptive",
+                "--speculative-adaptive-config",
+                _budget_file(tmp_path, {"1": {"7": 0}}, "zero.json"),
+            ),
+            r"cost_ms\['1'\]\['7'\]=0 is not valid",
+        ),
+    ]
+    for extra, msg in cases:
+        with pytest.raises(DDTreeConfigError, match=msg) as e:
+            _resolve(models, *extra)
+        assert "\n" not in str(e.value)
+    for budget, ok in ((1023, True), (1024, False)):
+        big = _budget_file(tmp_path, {"1": {str(budget): 1}}, f"{budget}.json")
+        if ok:
+            assert config.load_budget_policy(big).budgets == (budget,)
+        else:
+            with pytest.raises(
+                DDTreeConfigError, match="budget 1024 exceeds .* valid budgets: 1..1023"
+            ):
+                config.load_budget_policy(big)
 
 
 # ------------------------------------------------------- decode-step pieces
@@ -641,6 +738,73 @@ def test_decode_step_runs_the_stages_in_order():
     assert res.speculative_num_draft_tokens == 5 and res.can_run_cuda_graph is True
     assert res.extra_keep_alive_refs == ["fb"]
     assert res.logits_output.hidden_states is None  # not kept past the step
+
+
+@pytest.mark.usefixtures("loaded")
+def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
+    """Each decode step runs at the controller's budget for its batch size: the target's verify
+    state (per-width backend and graphs, built once per candidate) and the config switch to it, the
+    step measures every nested budget on the device, and the scheduler's CPU hook feeds tau."""
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    path = _budget_file(tmp_path, {"1": {"3": 10, "4": 11}, "4": {"3": 10}, "8": {"4": 12}})
+    cfg = json.loads(open(path).read())
+    open(path, "w").write(json.dumps({**cfg, "warmup_steps": 1, "probe_interval": 0}))
+    calls = []
+    w, r = _staged_worker(calls)
+    w.config = DDTreeConfig(4, 5, 4, 1.0, adaptive_config=path)  # horizon 3, budgets 3 and 4
+    w._target_worker = SimpleNamespace(  # BaseSpecWorker.target_worker's storage
+        model_runner=SimpleNamespace(attn_backend="backend5", decode_cuda_graph_runner="graphs5")
+    )
+    built = []
+
+    def build(worker, width, graph_bs):
+        assert worker is w
+        built.append((width, graph_bs))
+        return adapter.TargetVerifyState(width, f"backend{width}", f"graphs{width}")
+
+    monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2, 4, 8])
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
+    monkeypatch.setattr(adapter, "build_target_verify_state", build)
+    monkeypatch.setattr(
+        DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append(("drafter", self is w))
+    )
+    w.init_budgets()
+    w.init_cuda_graphs()
+    # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4
+    assert calls == [("drafter", True)] and built == [(4, [1, 2, 4])]
+    assert w.verify_states[4] == adapter.TargetVerifyState(5, "backend5", "graphs5")
+    mr = w.target_worker.model_runner
+
+    def step(bs, accept_index):
+        r["walk"] = worker_mod.Walked(torch.zeros(1), torch.ones(bs), torch.tensor(accept_index))
+        batch = _decode_batch(DFlashDraftInputV2.create_idle_input(device="cpu"), bs=bs)
+        res = w.forward_batch_generation(batch)
+        w.on_verify_complete_cpu([0] * bs, batch_size=bs)
+        return res.speculative_num_draft_tokens
+
+    # 4 requests (bucket 4: budget 3 only): width 4; slots <= 3 accepted: 3 + 2 + 3 + 2 tokens
+    assert step(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("backend4", "graphs4")
+    assert (w.config.verify_width, w.config.topk_per_depth, w.speculative_num_draft_tokens) == (
+        4,
+        3,
+        4,
+    )
+    assert w.budgets.tau == {3: 2.5}
+    w.on_verify_complete_cpu([0] * 4, batch_size=4)  # no new decode step: nothing to feed
+    assert w.budgets.evidence == {3: 1}
+    # 2 requests (bucket 1): budget 4 unmeasured -> run it; it measures 3 (2 + 2) and 4 (3 + 3)
+    assert step(2, [[0, 3, 4, -1], [5, 6, 9, -1]]) == 5
+    assert (mr.attn_backend, w.config.verify_width) == ("backend5", 5)
+    assert w.budgets.tau == {3: pytest.approx(0.8 * 2.5 + 0.2 * 2), 4: 3.0}
+    # both known: 4 -> 3/11 beats 3 -> 2.4/10
+    assert step(1, [[0, 1, -1, -1]]) == 5
+    assert [name for name, _ in calls[1:8]] == list(STAGES)
 
 
 # ------------------------------------------ SGLANG_SIMULATE_ACC_LEN (benchmarks only)

@@ -419,6 +419,29 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         ("self", "output", "input")
     ),
     "sglang.srt.distributed.parallel_state:GroupCoordinator.world_size": Member(),
+    # --- budget by batch size (worker.py): per-width target verify states, as upstream's
+    # adaptive EAGLE builds them (eagle_worker_v2.py:1777 build_adaptive_runtime_state, :1909)
+    "sglang.srt.speculative.base_spec_worker:BaseSpecWorker.on_verify_complete_cpu": Sig(
+        ("self", "num_correct_drafts_per_req", "batch_size")
+    ),
+    f"{_W}.init_cuda_graphs": Sig(("self",)),
+    "sglang.srt.runtime_context:get_context": Sig(()),
+    "sglang.srt.runtime_context:get_exec": Sig(()),
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner": Kw(
+        ("model_runner", "attn_backend", "speculative_num_steps", "speculative_num_draft_tokens")
+    ),
+    "sglang.srt.runtime_context:RuntimeContext.override": Sig(("self", "source", "fields")),
+    "sglang.srt.model_executor.cuda_graph_config:check_cuda_graph_backend": Sig(
+        ("phase", "backend")
+    ),
+    "sglang.srt.model_executor.cuda_graph_config:Phase": Exists(),
+    "sglang.srt.model_executor.cuda_graph_config:Backend": Exists(),
+    "sglang.srt.model_executor.cuda_graph_config:Phase.DECODE": Exists(),
+    "sglang.srt.model_executor.cuda_graph_config:Backend.DISABLED": Exists(),
+    "sglang.srt.model_executor.model_runner:ModelRunner._get_attention_backend": Sig(
+        ("self", "init_new_workspace")
+    ),
+    "sglang.srt.model_executor.model_runner:ModelRunner.init_new_workspace": Member(),
 }
 
 # 0.5.22 differs from 0.5.23 only in how the drafter's TP placement is held and entered (the same
@@ -534,6 +557,90 @@ def missing_internals(version: str | None = None) -> list[str]:
         ]
     problems = (_problem(key, want) for key, want in EXPECTED[version].items())
     return [f"SGLang {installed}: {p}" for p in problems if p is not None]
+
+
+# ------------------------------------------- per-width target verify states (worker.py)
+
+
+@dataclass
+class TargetVerifyState:
+    """What the target's verify pass at one width needs: an attention backend sized for it and
+    its CUDA graphs (None: eager, when graphs are off or no batch size of this width has any)."""
+
+    width: int
+    attn_backend: Any
+    graph_runner: Any
+
+
+def target_verify_state(worker: Any, width: int) -> TargetVerifyState:
+    """The target's current verify state (at start-up: the one captured for the server's width)."""
+    mr = worker.target_worker.model_runner
+    return TargetVerifyState(width, mr.attn_backend, mr.decode_cuda_graph_runner)
+
+
+def apply_target_verify_state(worker: Any, state: TargetVerifyState) -> None:
+    """Make ``state`` the target's: its verify passes then run at ``state.width``."""
+    mr = worker.target_worker.model_runner
+    mr.attn_backend = state.attn_backend
+    mr.decode_cuda_graph_runner = state.graph_runner
+
+
+def decode_cuda_graph_bs() -> list[int] | None:
+    """The server's decode CUDA-graph batch sizes, None when decode graphs are off."""
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Backend,
+        Phase,
+        check_cuda_graph_backend,
+    )
+    from sglang.srt.runtime_context import get_exec
+
+    if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+        return None
+    return sorted(get_exec().graph.cuda_graph_bs_decode)
+
+
+def build_target_verify_state(
+    worker: Any, width: int, cuda_graph_bs: list[int] | None
+) -> TargetVerifyState:
+    """A target verify state for ``width``, as upstream's adaptive EAGLE builds one per step count
+    (eagle_worker_v2.py:1777 ``build_adaptive_runtime_state``, target side, and :1909
+    ``_override_worker_state``): with the spec's width (and the graph batch sizes) overridden, a
+    new attention backend on a new workspace and a ``DecodeCudaGraphRunner`` capturing
+    ``cuda_graph_bs`` (None: graphs off; empty: this width runs eagerly). The DFlash drafter's
+    block does not depend on the verify width, so its graphs are shared."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec
+
+    ctx = get_context()
+    graph = get_exec().graph
+    saved = {
+        "speculative_num_draft_tokens": get_spec().speculative_num_draft_tokens,
+        "cuda_graph_bs_decode": graph.cuda_graph_bs_decode,
+        "disable_cuda_graph": graph.disable_cuda_graph,
+    }
+    override: dict[str, Any] = {"speculative_num_draft_tokens": width}
+    if cuda_graph_bs is not None:
+        override["cuda_graph_bs_decode"] = cuda_graph_bs
+        override["disable_cuda_graph"] = not cuda_graph_bs
+    mr = worker.target_worker.model_runner
+    ctx.override("sglang_spec.ddtree.budget_capture", **override)
+    try:
+        workspace = mr.init_new_workspace
+        try:
+            backend = mr._get_attention_backend(init_new_workspace=True)
+        finally:
+            mr.init_new_workspace = workspace
+        runner = None
+        if cuda_graph_bs:
+            runner = DecodeCudaGraphRunner(
+                mr,
+                attn_backend=backend,
+                speculative_num_steps=1,
+                speculative_num_draft_tokens=width,
+            )
+    finally:
+        ctx.override("sglang_spec.ddtree.budget_restore", **saved)
+    return TargetVerifyState(width, backend, runner)
 
 
 # ------------------------------------------------------ server arguments (config.py)

@@ -1,6 +1,10 @@
 """DDTREE's configuration: one frozen :class:`DDTreeConfig` and every check SGLang's arguments pass.
 
-Sources: SGLang's own flags (nothing new on the command line) and two environment knobs.
+Sources: SGLang's own flags (nothing new on the command line) and environment knobs. SGLang
+0.5.23's plug-in API cannot add server arguments (``prepare_server_args`` builds its parser from the
+``ServerArgs`` dataclass and ``ServerArgs.from_cli_args`` keeps only its fields), so DDTREE's own
+server options are environment variables, read in the launcher and again in the scheduler
+processes, which inherit the launcher's environment.
 
 * ``--speculative-algorithm DDTREE``
 * ``--speculative-draft-model-path``: the DFlash drafter (required).
@@ -11,9 +15,23 @@ Sources: SGLang's own flags (nothing new on the command line) and two environmen
 * ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default ``budget``,
   the value that makes the best-first tree optimal). A smaller K shrinks the per-depth top-k and
   its TP all-gather at a possible cost in tree quality.
-* ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: finite, ``> 0`` (default 1). The tree ranks prefixes by
+* ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: the tree temperature, a server option: finite, ``> 0``
+  (default :data:`DEFAULT_TREE_TEMPERATURE` = 0.75). The tree ranks prefixes by
   ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
-  verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2).
+  verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2). The default
+  is measured (benchmarks/results/chain_inclusive.md, chain-inclusive trees, reference engine,
+  greedy, held-out prompts, tokens per verify step at budgets 31 / 63): tau = 0.75 matches or
+  beats tau = 1 in all 8 (pair, budget, run) cells, +1 to +4 % -- hybrid pair 3.325 vs 3.241 and
+  3.507 = 3.507 (8 prompts), 3.850 vs 3.751 and 4.163 vs 4.129 (16 prompts); Qwen3 pair 2.450 vs
+  2.370 and 2.695 vs 2.667, 2.528 vs 2.438 and 2.852 vs 2.738 -- while tau = 0.5 falls below
+  tau = 1 on both pairs (hybrid 3.141 / 3.436, Qwen3 2.286 / 2.535).
+* ``--speculative-adaptive --speculative-adaptive-config FILE``: budget by batch size
+  (:mod:`sglang_spec.plugin.budget`; docs/adaptive-budget.md). SGLang's own flags: SGLang turns
+  its EAGLE-only adaptive mode off for DDTREE before the plug-in runs (``_maybe_disable_adaptive``),
+  and DDTREE reads the flag as given and runs its own controller. FILE (required) holds the cost
+  table and names the candidate budgets; the verify width becomes 1 + the largest
+  (``--speculative-num-draft-tokens``, if given, must say so) and sizes every buffer; each
+  candidate gets its own target verify graphs. The file is checked here, before any model loads.
 * ``SGLANG_SIMULATE_ACC_LEN=n`` (SGLang's own benchmark knob, off unless > 0): every verify step
   accepts a drawn ~n tokens along the tree's best path, whatever the target says. Benchmarks
   only: the output tokens are meaningless (``sglang_spec.plugin.simulate``). Only
@@ -34,7 +52,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sglang_spec.plugin.adapter as adapter
@@ -51,6 +69,9 @@ ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.
 MAX_VERIFY_WIDTH = 1024
+
+# SGLANG_DDTREE_TREE_TEMPERATURE when unset (module docstring: the measurement behind it).
+DEFAULT_TREE_TEMPERATURE = 0.75
 
 # Target attention backends whose TARGET_VERIFY path takes a per-request FULL_MASK custom mask
 # (EagleVerifyInput.custom_mask): the list SGLang uses for topk > 1 trees
@@ -74,6 +95,8 @@ class DDTreeConfig:
     simulated_accept_len: float | None = None
     # SGLANG_DDTREE_STAGE_TIMES: the JSON-lines file per-stage decode times go to, else None
     stage_times_path: str | None = None
+    # --speculative-adaptive-config when budget by batch size is on, else None
+    adaptive_config: str | None = None
 
     @property
     def budget(self) -> int:
@@ -103,9 +126,21 @@ class DDTreeConfig:
         """
         return max(2, min(self.topk_per_depth, self.verify_width))
 
+    def for_budget(self, budget: int) -> DDTreeConfig:
+        """The same server at another candidate budget (budget by batch size): K is capped at
+        the budget, which keeps the tree of every budget exact (its top-``budget`` ranks)."""
+        return replace(
+            self, verify_width=budget + 1, topk_per_depth=min(self.topk_per_depth, budget)
+        )
+
     @classmethod
     def build(
-        cls, *, block_size: int, verify_width: int, environ: Mapping[str, str] | None = None
+        cls,
+        *,
+        block_size: int,
+        verify_width: int,
+        environ: Mapping[str, str] | None = None,
+        adaptive_config: str | None = None,
     ) -> DDTreeConfig:
         """Check the block and width, read K and tau from the environment, and freeze them."""
         block = check_block_size(block_size)
@@ -120,11 +155,17 @@ class DDTreeConfig:
                 env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
             ),
             stage_times_path=parse_stage_times_path(env.get(ENV_STAGE_TIMES)),
+            adaptive_config=adaptive_config,
         )
 
     @classmethod
     def from_spec(cls, spec: Any, environ: Mapping[str, str] | None = None) -> DDTreeConfig:
-        """From SGLang's resolved speculative settings (``runtime_context.get_spec()``)."""
+        """From SGLang's resolved speculative settings (``runtime_context.get_spec()``).
+
+        With budget by batch size the spec's width is 1 + the largest candidate budget, except
+        while the worker captures another candidate's verify graphs (it overrides the width
+        then): the config is the server's, :meth:`for_budget` that candidate.
+        """
         block = getattr(spec, "speculative_dflash_block_size", None)
         width = getattr(spec, "speculative_num_draft_tokens", None)
         if block is None or width is None:
@@ -132,7 +173,17 @@ class DDTreeConfig:
                 "DDTREE: speculative_dflash_block_size / speculative_num_draft_tokens are unset "
                 "in the spec config; handle_server_args did not run for this server."
             )
-        return cls.build(block_size=int(block), verify_width=int(width), environ=environ)
+        path = getattr(spec, "speculative_adaptive_config", None)
+        if path is None:
+            return cls.build(block_size=int(block), verify_width=int(width), environ=environ)
+        budgets = load_budget_policy(path).budgets
+        server = cls.build(
+            block_size=int(block),
+            verify_width=max(budgets) + 1,
+            environ=environ,
+            adaptive_config=path,
+        )
+        return server if int(width) == server.verify_width else server.for_budget(int(width) - 1)
 
 
 def runtime_config() -> DDTreeConfig:
@@ -273,6 +324,50 @@ def check_kv_reserve(width: int, block: int, patched: bool) -> None:
         )
 
 
+def load_budget_policy(path: str) -> Any:
+    """The validated budget-by-batch-size config at ``path`` (a ``budget.BudgetPolicy``)."""
+    from sglang_spec.plugin.budget import BudgetConfigError, BudgetPolicy
+
+    try:
+        policy = BudgetPolicy.load(path)
+    except BudgetConfigError as e:
+        raise DDTreeConfigError(str(e)) from None
+    for budget in policy.budgets:
+        if budget + 1 > MAX_VERIFY_WIDTH:
+            raise DDTreeConfigError(
+                f"--speculative-adaptive-config={path!r}: budget {budget} exceeds the tree "
+                f"kernels' limit of {MAX_VERIFY_WIDTH} verify tokens; valid budgets: "
+                f"1..{MAX_VERIFY_WIDTH - 1}."
+            )
+    return policy
+
+
+def resolve_adaptive(adaptive: bool, path: str | None, width: int | None) -> int | None:
+    """Budget by batch size: the verify width it needs (1 + the largest candidate budget), or
+    None when off. ``adaptive`` is ``--speculative-adaptive`` as given on the command line."""
+    if not adaptive:
+        if path is not None:
+            raise DDTreeConfigError(
+                f"--speculative-adaptive-config={path!r} is given without --speculative-adaptive; "
+                "add --speculative-adaptive to choose the DDTREE budget by batch size, or drop "
+                "the config."
+            )
+        return None
+    if path is None:
+        raise DDTreeConfigError(
+            "DDTREE --speculative-adaptive needs --speculative-adaptive-config FILE: the cost "
+            "table of this model's shape and its candidate budgets (docs/adaptive-budget.md)."
+        )
+    need = max(load_budget_policy(path).budgets) + 1
+    if width is not None and int(width) != need:
+        raise DDTreeConfigError(
+            f"--speculative-num-draft-tokens={width} disagrees with --speculative-adaptive-config="
+            f"{path!r}, whose largest budget needs verify width {need}; valid: {need}, or leave "
+            "it unset."
+        )
+    return need
+
+
 def parse_topk(raw: str | None, *, budget: int) -> int:
     """K per depth from ``SGLANG_DDTREE_TOPK`` (unset or empty: ``budget``)."""
     if raw is None or raw.strip() == "":
@@ -293,17 +388,18 @@ def parse_topk(raw: str | None, *, budget: int) -> int:
 
 
 def parse_tree_temperature(raw: str | None) -> float:
-    """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: 1.0)."""
+    """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: the default, 0.75)."""
     from sglang_spec.tree import check_tree_temperature
 
     if raw is None or raw.strip() == "":
-        return 1.0
+        return DEFAULT_TREE_TEMPERATURE
     try:
         return check_tree_temperature(float(raw))
     except ValueError:
         raise DDTreeConfigError(
             f"{ENV_TREE_TEMPERATURE}={raw!r} is not valid: the tree temperature must be a finite "
-            "number > 0 (1 = the drafter's own distribution, < 1 sharpens it)."
+            "number > 0 (1 = the drafter's own distribution, < 1 sharpens it; default "
+            f"{DEFAULT_TREE_TEMPERATURE})."
         ) from None
 
 
@@ -491,10 +587,18 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     check_draft_window(getattr(cfg, "speculative_draft_window_size", None))
     check_disaggregation(getattr(cfg, "disaggregation_mode", "null"))
 
+    # SGLang has already turned its EAGLE-only adaptive mode off (resolved False): read the flag
+    # as given on the command line, on the record.
+    adaptive_config = cfg.speculative_adaptive_config
+    adaptive_width = resolve_adaptive(
+        bool(getattr(record, "speculative_adaptive", False)),
+        adaptive_config,
+        cfg.speculative_num_draft_tokens,
+    )
     flag_block = cfg.speculative_dflash_block_size
     check_block_size_flag(flag_block)
     block = resolve_block_size(flag_block, drafter_block_size(cfg))
-    width = cfg.speculative_num_draft_tokens
+    width = adaptive_width or cfg.speculative_num_draft_tokens
     config = DDTreeConfig.build(
         block_size=block, verify_width=block if width is None else int(width)
     )
@@ -543,11 +647,12 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         enable_mixed_chunk=False,
     )
     logger.info(
-        "DDTREE resolved: block_size=%d (horizon %d), budget=%d, verify width=%d, K per depth=%d, "
+        "DDTREE resolved: block_size=%d (horizon %d), budget=%d%s, verify width=%d, K per depth=%d, "
         "tree temperature=%g, simulated acceptance=%s, attention=%s.",
         block,
         config.horizon,
         config.budget,
+        "" if adaptive_config is None else f" (budget by batch size: {adaptive_config})",
         config.verify_width,
         config.topk_per_depth,
         config.tree_temperature,

@@ -14,6 +14,13 @@ A decode step is one method per stage, called in order by ``forward_batch_genera
     commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction
     append_context_stage  drafter context KV from the compacted accepted rows
 
+Budget by batch size (``--speculative-adaptive``, :mod:`sglang_spec.plugin.budget`): each decode
+step first asks the controller for the budget of its batch size and switches the target's verify
+state (attention backend + CUDA graphs, one per candidate width, built in ``init_cuda_graphs``) and
+``self.config`` to it; after the walk it sums, on the device, what every budget the step measures
+would have accepted, and ``on_verify_complete_cpu`` (called by the scheduler once the step's
+accept lengths are on the host) feeds those sums to the controller.
+
 With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
 writes per-stage host and GPU times. Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
 ``sglang_spec.plugin.adapter``. Importing this module imports SGLang; only the plug-in's worker
@@ -56,7 +63,8 @@ from sglang.srt.speculative.spec_utils import (
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 import sglang_spec.plugin.adapter as adapter
-from sglang_spec.plugin.config import runtime_config
+from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
+from sglang_spec.plugin.config import load_budget_policy, runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
@@ -108,6 +116,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # SGLANG_DDTREE_STAGE_TIMES: set in __init__ when on; it then wraps the stage methods.
     stage_timer: StageTimer | None = None
+    # --speculative-adaptive: set in __init__ when on.
+    budgets: BudgetController | None = None
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -122,6 +132,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.config.stage_times_path is not None and get_parallel().tp_rank == 0:
             self.stage_timer = StageTimer(self.config.stage_times_path, self.config.verify_width)
             self.stage_timer.instrument(self)
+        if self.config.adaptive_config is not None:
+            self.init_budgets()
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker: %s; hooks=%s; patches expected=%s",
@@ -129,6 +141,66 @@ class DDTreeWorker(DFlashWorkerV2):
                 REQUIRED_HOOKS,
                 REQUIRED_PATCHES,
             )
+
+    def init_budgets(self) -> None:
+        """Budget by batch size: the controller and every candidate budget's config."""
+        policy = load_budget_policy(self.config.adaptive_config)
+        self.budgets = BudgetController(policy, self.config.horizon, adapter.decode_cuda_graph_bs())
+        self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
+        self.verify_states: dict[int, adapter.TargetVerifyState] = {}
+        # (budget, device sums per measured budget, requests) of the last decode step
+        self.measured: tuple[int, torch.Tensor, int] | None = None
+
+    def init_cuda_graphs(self):
+        """The drafter's graphs (DFlash's), then with budget by batch size a target verify state
+        per candidate width; the server's (the largest) is the one the target captured."""
+        super().init_cuda_graphs()
+        if self.budgets is None:
+            return
+        server = self.config.budget
+        self.verify_states[server] = adapter.target_verify_state(self, self.config.verify_width)
+        graph_bs = self.budgets.cuda_graph_bs
+        graphs = {server: graph_bs}
+        for b in self.budget_configs:
+            if b != server:
+                graphs[b] = (
+                    None
+                    if graph_bs is None
+                    else self.budgets.policy.cuda_graph_bs_for_budget(b, graph_bs)
+                )
+                self.verify_states[b] = adapter.build_target_verify_state(self, b + 1, graphs[b])
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE budget by batch size: target verify states for budgets (CUDA-graph batch "
+                "sizes) %s; cost table (ms per step by batch-size bucket) %s.",
+                dict(sorted(graphs.items())),
+                self.budgets.policy.cost_ms,
+            )
+
+    def select_budget(self, batch_size: int) -> None:
+        """Run the next decode step at the budget the controller picks for ``batch_size``."""
+        budget = self.budgets.choose(batch_size)
+        if budget != self.config.budget:
+            adapter.apply_target_verify_state(self, self.verify_states[budget])
+            self.config = self.budget_configs[budget]
+            self.speculative_num_draft_tokens = self.config.verify_width
+
+    def measure_budgets(self, accept_index: torch.Tensor, batch_size: int) -> None:
+        """Keep, on the device, what each budget this step measures would have accepted."""
+        budget = self.config.budget
+        sums = accepted_tokens_within(
+            accept_index, self.config.verify_width, self.budgets.measured_by(budget)
+        )
+        self.measured = (budget, sums, batch_size)
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the sums kept by measure_budgets carry more
+        """Scheduler hook, once the step's accept lengths are on the host (the step is done, so
+        reading the measured sums does not stall the device)."""
+        if self.budgets is None or self.measured is None:
+            return
+        budget, sums, n = self.measured
+        self.measured = None
+        self.budgets.observe(budget, sums.tolist(), n)
 
     def _maybe_build_draft_sampler(self):
         # The in-graph DFlash head is argmax-only; DDTREE needs top-K per depth, computed
@@ -150,6 +222,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 on the running batch.")
         if batch.forward_mode.is_idle():
             return self._idle_result(on_publish)
+        if self.budgets is not None:
+            self.select_budget(len(batch.seq_lens))
         if self.stage_timer is not None:
             self.stage_timer.begin_step(len(batch.seq_lens))
 
@@ -158,6 +232,8 @@ class DDTreeWorker(DFlashWorkerV2):
         tree, verify_input = self.tree_stage(batch, logq, ids, draft.root_tokens)
         verified = self.verify_stage(batch, verify_input, grammar_barrier)
         walked = self.walk_stage(batch, tree, verify_input, verified)
+        if self.budgets is not None:
+            self.measure_budgets(walked.accept_index, len(batch.seq_lens))
         committed = self.commit_stage(batch, verified, walked, on_publish)
         self.append_context_stage(batch, verified, walked, committed)
         return self._step_result(verified, walked, committed)

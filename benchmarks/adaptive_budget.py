@@ -1,0 +1,191 @@
+"""``python -m benchmarks.adaptive_budget``: budget by batch size, projected (CPU, no model runs).
+
+What is measured and what is projected:
+
+* measured on the H200 (``--scale``, the real-scale harness's records, ``e2e/scale.py``): ms per
+  decode step of the server's shape by algorithm, DDTREE budget and concurrency C. The harness ran
+  dummy weights (about one token per step), so these are step costs, not throughputs. Levels where C
+  exceeded the server's ``max_running_requests`` ran in rounds and are left out (their ms per step
+  is not the cost of one batch of C);
+* measured in the reference engine (``--acceptance``, ``benchmarks/chain_inclusive.py``): the tiny
+  pair's tokens per verify step tau for DFLASH and each DDTREE budget (chain-inclusive trees, one
+  tree temperature);
+* projected: the shape's tau per budget = the stated DFLASH tau (``--dflash-tau``, the deployment's
+  figure) x the tiny pair's DDTREE(B) / DFLASH ratio; NEXTN's tau is stated (``--nextn-tau``), AR's
+  is 1; tokens/s = C x tau / (ms per step). The adaptive row runs the real controller
+  (``sglang_spec.plugin.budget.BudgetController``) over ``--steps`` decode steps at each C, fed each
+  step's exact mean acceptance (no noise), and counts its exploration and probe steps.
+
+The cost table the adaptive row uses is the one a server would load (``--write-config FILE`` writes
+it in ``--speculative-adaptive-config``'s format). Prints a table and writes JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sglang_spec.plugin.budget import BudgetController, BudgetPolicy
+
+BASELINES = ("AR", "NEXTN", "DFLASH")
+
+
+def step_costs(records: list[dict], shape: str) -> dict[tuple[str, int | None], dict[int, float]]:
+    """(algorithm, budget) -> {C: ms per step} of ``shape``'s plain runs (no simulated acceptance,
+    no profiling variant), only where all C requests ran in one batch."""
+    costs: dict[tuple[str, int | None], dict[int, float]] = {}
+    for r in records:
+        if r["shape"] != shape or r.get("variant") or r.get("simulated_accept_len") is not None:
+            continue
+        if r["concurrency"] > r["max_running_requests"]:
+            continue
+        key = (r["algorithm"], r["budget"])
+        costs.setdefault(key, {})[r["concurrency"]] = float(r["ms_per_step"])
+    return costs
+
+
+def cost_table(
+    costs: dict[tuple[str, int | None], dict[int, float]],
+) -> dict[str, dict[str, float]]:
+    """The DDTREE rows as ``cost_ms`` of the budget config: {"C": {"budget": ms}}."""
+    table: dict[int, dict[int, float]] = {}
+    for (algo, budget), by_c in costs.items():
+        if algo == "DDTREE":
+            for c, ms in by_c.items():
+                table.setdefault(c, {})[budget] = round(ms, 3)
+    return {
+        str(c): {str(b): ms for b, ms in sorted(row.items())} for c, row in sorted(table.items())
+    }
+
+
+def tiny_pair_tau(rows: list[dict], pair: str, tree_temperature: float) -> dict[str, float]:
+    """Pooled tokens per verify step: "DFLASH" and "DDTREE<B>" (chain on, ``tree_temperature``)."""
+    tau = {}
+    for r in rows:
+        if r["pair"] != pair:
+            continue
+        if r["method"] == "dflash":
+            name = "DFLASH"
+        elif r["method"] == "ddtree" and r["chain"] and r["tree_temperature"] == tree_temperature:
+            name = f"DDTREE{r['budget']}"
+        else:
+            continue
+        tau[name] = sum(r["completion_tokens"]) / sum(r["verify_steps"])
+    if "DFLASH" not in tau or len(tau) < 2:
+        raise ValueError(
+            f"--acceptance has no DFLASH and chain-inclusive DDTREE rows for pair {pair!r} at tree "
+            f"temperature {tree_temperature}"
+        )
+    return tau
+
+
+def simulate(policy: BudgetPolicy, horizon: int, tau: dict[int, float], c: int, steps: int):
+    """The controller over ``steps`` decode steps of C requests: (tokens/s, budget it settles on,
+    steps per budget)."""
+    ctl = BudgetController(policy, horizon)
+    tokens = ms = 0.0
+    runs: dict[int, int] = {}
+    for _ in range(steps):
+        b = ctl.choose(c)
+        runs[b] = runs.get(b, 0) + 1
+        ms += policy.cost_ms[ctl.bucket_of(c)][b]
+        tokens += c * tau[b]
+        ctl.observe(b, [c * tau[m] for m in ctl.measured_by(b)], c)
+    settled = ctl.choose(c)
+    return tokens * 1000.0 / ms, settled, runs
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", default="benchmarks/results/scale_h200.json")
+    ap.add_argument("--shape", default="qwen3.6-27b")
+    ap.add_argument("--acceptance", default="benchmarks/results/chain_inclusive.json")
+    ap.add_argument("--pair", default="hybrid")
+    ap.add_argument("--tree-temperature", type=float, default=0.75)
+    ap.add_argument("--horizon", type=int, default=15, help="the shape's drafter L (block - 1)")
+    ap.add_argument("--dflash-tau", type=float, default=3.0)
+    ap.add_argument("--nextn-tau", type=float, default=3.1)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--json", help="write the settings and rows here")
+    ap.add_argument("--write-config", help="write the DDTREE cost table as a budget config here")
+    args = ap.parse_args(argv)
+    for name in ("dflash_tau", "nextn_tau"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be > 0")
+    if args.steps < 1:
+        ap.error(f"--steps={args.steps} must be >= 1")
+
+    costs = step_costs(json.load(open(args.scale)), args.shape)
+    table = cost_table(costs)
+    if not table:
+        ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}")
+    config = {"cost_ms": table}
+    policy = BudgetPolicy.from_dict(config, "cost table")
+    if args.write_config:
+        with open(args.write_config, "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+    tiny = tiny_pair_tau(json.load(open(args.acceptance))["rows"], args.pair, args.tree_temperature)
+    missing = [b for b in policy.budgets if f"DDTREE{b}" not in tiny]
+    if missing:
+        ap.error(f"--acceptance has no tau for budgets {missing} (pair {args.pair})")
+    scale = args.dflash_tau / tiny["DFLASH"]
+    tau = {b: tiny[f"DDTREE{b}"] * scale for b in policy.budgets}
+    base_tau = {"AR": 1.0, "NEXTN": args.nextn_tau, "DFLASH": args.dflash_tau}
+
+    levels = sorted({c for by_c in costs.values() for c in by_c})
+    budgets = policy.budgets
+    head = ["C"] + [f"DDTREE({b})" for b in budgets] + list(BASELINES)
+    head += ["adaptive: budget", "adaptive", "/ best fixed", "/ max(AR, NEXTN, DFLASH)"]
+    print(
+        f"{args.shape}: projected output tokens/s (tau: DDTREE "
+        + ", ".join(f"{b}: {tau[b]:.2f}" for b in budgets)
+        + f"; DFLASH {args.dflash_tau}, NEXTN {args.nextn_tau}, AR 1)"
+    )
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    rows = []
+    for c in levels:
+        fixed = {
+            b: c * tau[b] * 1000.0 / costs[("DDTREE", b)][c]
+            for b in budgets
+            if c in costs.get(("DDTREE", b), {})
+        }
+        base = {
+            a: c * base_tau[a] * 1000.0 / costs[(a, None)][c]
+            for a in BASELINES
+            if c in costs.get((a, None), {})
+        }
+        tps, settled, runs = simulate(policy, args.horizon, tau, c, args.steps)
+        best_fixed = max(fixed.values())
+        best_base = max(base.values()) if base else float("nan")
+        rows.append(
+            dict(
+                concurrency=c,
+                fixed_tokens_per_s=fixed,
+                baseline_tokens_per_s=base,
+                adaptive_budget=settled,
+                adaptive_steps_per_budget=runs,
+                adaptive_tokens_per_s=tps,
+                adaptive_over_best_fixed=tps / best_fixed,
+                adaptive_over_best_baseline=tps / best_base,
+            )
+        )
+        cells = [str(c)] + [f"{fixed[b]:.0f}" if b in fixed else "-" for b in budgets]
+        cells += [f"{base[a]:.0f}" if a in base else "-" for a in BASELINES]
+        cells += [str(settled), f"{tps:.0f}", f"{tps / best_fixed:.3f}", f"{tps / best_base:.3f}"]
+        print("| " + " | ".join(cells) + " |")
+    result = dict(
+        settings=dict(vars(args), tau=tau, tiny_pair_tau=tiny, cost_ms=table),
+        rows=rows,
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)

@@ -1,0 +1,283 @@
+"""Budget by batch size: the DDTree budget (verify width) a decode step runs at, per batch size.
+
+A tree pays for every node it verifies. At one request the verify pass is memory-bound and a wide
+tree is nearly free; at many it is compute-bound and a wide tree costs more than its extra accepted
+tokens (SGLang #19952; the vLLM port measured budget optima 16 -> 8 -> 4 at batch 2/4/16). So for a
+running batch of C requests :class:`BudgetController` runs the candidate budget B that maximises the
+expected throughput
+
+    C * tau(B) / t(C, B)
+
+* ``t(C, B)``: milliseconds per decode step of the server's shape at batch size C and budget B, from
+  a cost table (the config file below; ``benchmarks/adaptive_budget.py --write-config`` makes one
+  from the real-scale harness's records, ``benchmarks/results/scale_h200.json``);
+* ``tau(B)``: accepted tokens per request per step (the bonus token included, SGLang's
+  ``accept_lens``), an exponential moving average tracked online per budget.
+
+Only DDTREE's own modules use this one; it imports neither SGLang nor torch at module level.
+
+Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)::
+
+    {
+      "cost_ms": {"1": {"15": 29.2, "63": 42.0}, "2": {"15": 33.3}, "8": {"15": 43.0}},
+      "ema_alpha": 0.2,
+      "hysteresis": 0.05,
+      "warmup_steps": 8,
+      "probe_interval": 64
+    }
+
+* ``cost_ms`` (required): batch-size bucket -> {candidate budget: ms per decode step}. A running
+  batch (padded to its CUDA-graph batch size when graphs are on, as SGLang's adaptive EAGLE does)
+  uses the largest bucket <= its size, the smallest bucket below that; the bucket's budgets are
+  its candidates and each runs with its own captured verify graphs. The candidate budgets of the
+  server are the union over the buckets.
+* ``ema_alpha`` (default 0.2, in (0, 1]): weight of the newest step in tau's moving average.
+* ``hysteresis`` (default 0.05, >= 0): a bucket leaves its budget only for one whose expected
+  throughput is higher by more than this fraction, so noise in tau does not flap the width.
+* ``warmup_steps`` (default 8, >= 1): steps of evidence each candidate needs before the choice
+  trusts its tau; until then the bucket runs the budget that measures it.
+* ``probe_interval`` (default 64, >= 0; 0 = never): every that many steps of a bucket, one step at
+  the bucket's largest budget, which refreshes tau of every budget it measures.
+
+Measuring tau: DDTree trees are nested. Slots are in selection order (best-first, the
+chain-inclusive tree's chain first), so the tree of budget b is the first ``b + 1`` slots of the
+tree of a budget B >= b built from the same draft, provided both contain the chain (b >= L) or
+neither does (B < L), L being the drafter horizon. Verification walks down the target's tokens and
+slot indices grow along every path, so the tree of budget b accepts exactly the accepted nodes of
+the B-tree whose slot is <= b (for greedy verification; for sampling, in distribution).
+:func:`accepted_tokens_within` computes that on the device, and one step at B updates tau of every
+candidate it measures (:meth:`BudgetController.measured_by`), not only B's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CONFIG_KEYS = ("cost_ms", "ema_alpha", "hysteresis", "warmup_steps", "probe_interval")
+
+
+class BudgetConfigError(ValueError):
+    """A budget-by-batch-size config that must be refused (one line: the value and what is valid)."""
+
+
+def _int_key(raw: str, what: str, where: str) -> int:
+    if not (isinstance(raw, str) and raw.isdigit() and int(raw) >= 1):
+        raise BudgetConfigError(
+            f"{where}: {what} key {raw!r} is not valid; valid: an integer >= 1 written as a string"
+        )
+    return int(raw)
+
+
+def _number(raw: Any, name: str, where: str, lo: float, hi: float, lo_open: bool) -> float:
+    ok = (
+        isinstance(raw, int | float)
+        and not isinstance(raw, bool)
+        and math.isfinite(raw)
+        and (raw > lo if lo_open else raw >= lo)
+        and raw <= hi
+    )
+    if not ok:
+        bound = f"{'>' if lo_open else '>='} {lo:g}" + ("" if hi == math.inf else f" and <= {hi:g}")
+        raise BudgetConfigError(f"{where}: {name}={raw!r} is not valid; valid: a number {bound}")
+    return float(raw)
+
+
+def _count(raw: Any, name: str, where: str, lo: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < lo:
+        raise BudgetConfigError(f"{where}: {name}={raw!r} is not valid; valid: an integer >= {lo}")
+    return raw
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """A validated config: the cost table and the controller's knobs."""
+
+    cost_ms: dict[int, dict[int, float]]  # bucket (batch size) -> {budget: ms per decode step}
+    ema_alpha: float = 0.2
+    hysteresis: float = 0.05
+    warmup_steps: int = 8
+    probe_interval: int = 64
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "budget config") -> BudgetPolicy:
+        """Validate ``raw`` (parsed JSON); ``where`` names its source in every error."""
+        if not isinstance(raw, dict):
+            raise BudgetConfigError(
+                f"{where}: the config must be a JSON object; got {type(raw).__name__}"
+            )
+        unknown = sorted(set(raw) - set(CONFIG_KEYS))
+        if unknown:
+            raise BudgetConfigError(
+                f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(CONFIG_KEYS)}"
+            )
+        table = raw.get("cost_ms")
+        if not isinstance(table, dict) or not table:
+            raise BudgetConfigError(
+                f"{where}: cost_ms={table!r} is not valid; valid: a non-empty object "
+                '{"<batch size>": {"<budget>": <ms per step>, ...}, ...}'
+            )
+        cost: dict[int, dict[int, float]] = {}
+        for bucket_raw, row in table.items():
+            bucket = _int_key(bucket_raw, "cost_ms batch-size", where)
+            if not isinstance(row, dict) or not row:
+                raise BudgetConfigError(
+                    f"{where}: cost_ms[{bucket_raw!r}]={row!r} is not valid; valid: a non-empty "
+                    'object {"<budget>": <ms per step>, ...}'
+                )
+            cost[bucket] = dict(
+                sorted(
+                    (
+                        _int_key(b, "budget", where),
+                        _number(ms, f"cost_ms[{bucket_raw!r}][{b!r}]", where, 0, math.inf, True),
+                    )
+                    for b, ms in row.items()
+                )
+            )
+        return cls(
+            cost_ms=dict(sorted(cost.items())),
+            ema_alpha=_number(raw.get("ema_alpha", 0.2), "ema_alpha", where, 0.0, 1.0, True),
+            hysteresis=_number(
+                raw.get("hysteresis", 0.05), "hysteresis", where, 0.0, math.inf, False
+            ),
+            warmup_steps=_count(raw.get("warmup_steps", 8), "warmup_steps", where, 1),
+            probe_interval=_count(raw.get("probe_interval", 64), "probe_interval", where, 0),
+        )
+
+    @classmethod
+    def load(cls, path: str) -> BudgetPolicy:
+        """Read and validate the JSON file at ``path``."""
+        where = f"--speculative-adaptive-config={path!r}"
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            raise BudgetConfigError(
+                f"{where}: cannot read a JSON config ({type(e).__name__}: {e})".replace("\n", " ")
+            ) from None
+        return cls.from_dict(raw, where)
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        """Every candidate budget of the server, ascending."""
+        return tuple(sorted({b for row in self.cost_ms.values() for b in row}))
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(self.cost_ms)
+
+    def bucket(self, batch_size: int) -> int:
+        """The bucket of a (padded) batch size: the largest <= it, else the smallest."""
+        buckets = self.buckets
+        return buckets[max(0, bisect.bisect_right(buckets, batch_size) - 1)]
+
+    def cuda_graph_bs_for_budget(self, budget: int, cuda_graph_bs: Sequence[int]) -> list[int]:
+        """The CUDA-graph batch sizes whose bucket has ``budget`` as a candidate: the verify graphs
+        that width needs (the others could never be replayed at it)."""
+        return [bs for bs in cuda_graph_bs if budget in self.cost_ms[self.bucket(bs)]]
+
+
+class BudgetController:
+    """Chooses the budget of each decode step and tracks tau per budget (module docstring).
+
+    ``horizon`` is the drafter's L (it decides which budgets a step measures);
+    ``cuda_graph_bs`` the server's CUDA-graph batch sizes (None: graphs off), to which a batch is
+    padded before its bucket is looked up.
+    """
+
+    def __init__(
+        self, policy: BudgetPolicy, horizon: int, cuda_graph_bs: Sequence[int] | None = None
+    ):
+        self.policy = policy
+        self.horizon = int(horizon)
+        self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+        self.tau: dict[int, float] = {}  # budget -> EMA of accepted tokens per request per step
+        self.evidence: dict[int, int] = {}  # budget -> steps that measured it
+        self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
+        self._steps: dict[int, int] = {}  # bucket -> decode steps it has routed
+
+    # -------------------------------------------------------------------------- routing
+    def bucket_of(self, batch_size: int) -> int:
+        padded = batch_size
+        if self.cuda_graph_bs is not None:
+            i = bisect.bisect_left(self.cuda_graph_bs, batch_size)
+            if i < len(self.cuda_graph_bs):
+                padded = self.cuda_graph_bs[i]
+        return self.policy.bucket(padded)
+
+    def measured_by(self, budget: int) -> tuple[int, ...]:
+        """The candidate budgets one step at ``budget`` measures (nested trees), ascending."""
+        L = self.horizon
+        return tuple(b for b in self.policy.budgets if b <= budget and (b >= L or budget < L))
+
+    def _measuring_budget(self, bucket: int, want: int) -> int:
+        """The largest candidate of ``bucket`` whose step measures budget ``want``."""
+        return max(b for b in self.policy.cost_ms[bucket] if want in self.measured_by(b))
+
+    # --------------------------------------------------------------------------- choice
+    def expected_tokens_per_s(self, batch_size: int, budget: int) -> float:
+        """C * tau(B) / t(C, B) in tokens per second (tau must be known)."""
+        ms = self.policy.cost_ms[self.bucket_of(batch_size)][budget]
+        return batch_size * self.tau[budget] * 1000.0 / ms
+
+    def choose(self, batch_size: int) -> int:
+        """The budget of the next decode step of ``batch_size`` requests (counts the step)."""
+        bucket = self.bucket_of(batch_size)
+        candidates = self.policy.cost_ms[bucket]
+        step = self._steps.get(bucket, 0)
+        self._steps[bucket] = step + 1
+        unsure = [b for b in candidates if self.evidence.get(b, 0) < self.policy.warmup_steps]
+        if unsure:
+            return self._measuring_budget(bucket, unsure[0])
+        interval = self.policy.probe_interval
+        if interval and step % interval == interval - 1:
+            return max(candidates)
+        best = max(candidates, key=lambda b: (self.expected_tokens_per_s(batch_size, b), -b))
+        current = self._current.get(bucket)
+        if current is None or (
+            best != current
+            and self.expected_tokens_per_s(batch_size, best)
+            > self.expected_tokens_per_s(batch_size, current) * (1.0 + self.policy.hysteresis)
+        ):
+            self._current[bucket] = current = best
+        return current
+
+    # ---------------------------------------------------------------------- observation
+    def observe(self, budget: int, accepted_sums: Sequence[float], num_requests: int) -> None:
+        """Feed one decode step run at ``budget``: ``accepted_sums[i]`` is the batch's accepted
+        tokens (bonus included) had the tree been cut to ``measured_by(budget)[i]``."""
+        measured = self.measured_by(budget)
+        if len(accepted_sums) != len(measured):
+            raise ValueError(
+                f"a step at budget {budget} measures budgets {list(measured)}; got "
+                f"{len(accepted_sums)} sums"
+            )
+        if num_requests <= 0:
+            return
+        a = self.policy.ema_alpha
+        for b, total in zip(measured, accepted_sums, strict=True):
+            x = float(total) / num_requests
+            self.tau[b] = x if b not in self.tau else (1.0 - a) * self.tau[b] + a * x
+            self.evidence[b] = self.evidence.get(b, 0) + 1
+
+
+def accepted_tokens_within(accept_index, width: int, budgets: Sequence[int]):
+    """Per budget b, the batch's accepted tokens (root/bonus included) whose tree slot is <= b.
+
+    ``accept_index [bs, D]`` holds SGLang's flat accepted node ids (``request * width + slot``,
+    root first, -1 padded). Returns a float32 tensor ``[len(budgets)]`` on the same device, with
+    no host synchronisation.
+    """
+    import torch
+
+    bs = accept_index.shape[0]
+    rows = torch.arange(bs, device=accept_index.device, dtype=accept_index.dtype).unsqueeze(1)
+    slots = accept_index - rows * width
+    valid = accept_index >= 0
+    limits = torch.tensor(list(budgets), device=accept_index.device, dtype=accept_index.dtype)
+    inside = valid.unsqueeze(-1) & (slots.unsqueeze(-1) <= limits)
+    return inside.sum(dim=(0, 1)).to(torch.float32)

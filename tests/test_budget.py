@@ -1,0 +1,297 @@
+"""Budget by batch size (sglang_spec.plugin.budget): the config, the choice, tau, nested trees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_spec.plugin.budget import (
+    BudgetConfigError,
+    BudgetController,
+    BudgetPolicy,
+    accepted_tokens_within,
+)
+from sglang_spec.tree import build_ddtree, walk_greedy
+from tests.tree_testing import SETTINGS
+
+L = 15  # drafter horizon of the canned shape (block 16)
+
+# A canned cost table shaped like the 27B measurements (benchmarks/results/scale_h200.md): the wide
+# tree is cheap alone and expensive in a batch.
+TABLE = {
+    "cost_ms": {
+        "1": {"15": 30.0, "31": 33.0, "63": 40.0},
+        "4": {"7": 30.0, "15": 37.0, "31": 60.0},
+        "16": {"3": 40.0, "7": 45.0, "15": 60.0},
+    },
+    "warmup_steps": 1,
+    "probe_interval": 0,
+    "hysteresis": 0.05,
+}
+TAU = {3: 1.8, 7: 2.3, 15: 2.6, 31: 3.3, 63: 3.6}  # tokens per step per request
+
+
+def _controller(table=TABLE, tau=TAU, cuda_graph_bs=None):
+    ctl = BudgetController(BudgetPolicy.from_dict(table), horizon=L, cuda_graph_bs=cuda_graph_bs)
+    for b, t in tau.items():
+        ctl.tau[b] = t
+        ctl.evidence[b] = 10
+    return ctl
+
+
+def test_policy_reads_the_documented_format(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(TABLE))
+    p = BudgetPolicy.load(str(path))
+    assert p.budgets == (3, 7, 15, 31, 63)
+    assert p.buckets == (1, 4, 16)
+    assert p.cost_ms[4] == {7: 30.0, 15: 37.0, 31: 60.0}
+    assert (p.ema_alpha, p.hysteresis, p.warmup_steps, p.probe_interval) == (0.2, 0.05, 1, 0)
+    defaults = BudgetPolicy.from_dict({"cost_ms": {"1": {"15": 1}}})
+    assert (defaults.ema_alpha, defaults.hysteresis, defaults.warmup_steps) == (0.2, 0.05, 8)
+    assert defaults.probe_interval == 64
+
+
+def test_buckets_route_to_the_largest_at_or_below_and_prune_graphs():
+    p = BudgetPolicy.from_dict(TABLE)
+    assert [p.bucket(c) for c in (1, 2, 3, 4, 15, 16, 40)] == [1, 1, 1, 4, 4, 16, 16]
+    assert BudgetPolicy.from_dict({"cost_ms": {"2": {"15": 1}}}).bucket(1) == 2  # below: smallest
+    graphs = [1, 2, 4, 8, 16, 24]
+    assert p.cuda_graph_bs_for_budget(63, graphs) == [1, 2]
+    assert p.cuda_graph_bs_for_budget(15, graphs) == graphs
+    assert p.cuda_graph_bs_for_budget(3, graphs) == [16, 24]
+    # a batch pads to its CUDA-graph batch size before routing (the graph it replays)
+    ctl = _controller(cuda_graph_bs=[1, 2, 4, 8, 16])
+    assert [ctl.bucket_of(c) for c in (3, 9, 17)] == [4, 16, 16]
+    assert _controller().bucket_of(3) == 1
+
+
+@pytest.mark.parametrize(
+    ("c", "want"),
+    [
+        # C=1: 31 -> 3.3/33 = .100, 63 -> 3.6/40 = .090, 15 -> 2.6/30 = .087
+        (1, 31),
+        (2, 31),
+        # C=4: 7 -> 2.3/30 = .0767, 15 -> 2.6/37 = .0703, 31 -> 3.3/60 = .055
+        (4, 7),
+        (8, 7),
+        # C=16: 3 -> 1.8/40 = .045, 7 -> 2.3/45 = .0511, 15 -> 2.6/60 = .0433
+        (16, 7),
+    ],
+)
+def test_choice_maximises_expected_throughput(c, want):
+    ctl = _controller()
+    assert ctl.choose(c) == want
+    best = ctl.expected_tokens_per_s(c, want)
+    for b in TABLE["cost_ms"][str(ctl.bucket_of(c))]:
+        assert ctl.expected_tokens_per_s(c, int(b)) <= best
+    assert best == pytest.approx(c * TAU[want] * 1000 / ctl.policy.cost_ms[ctl.bucket_of(c)][want])
+
+
+def test_cheaper_cost_flips_the_choice():
+    table = json.loads(json.dumps(TABLE))
+    table["cost_ms"]["1"]["63"] = 34.0  # 3.6/34 = .106 > 31's .100
+    assert _controller(table).choose(1) == 63
+
+
+def test_hysteresis_keeps_the_budget_until_the_gain_exceeds_it():
+    ctl = _controller()
+    assert ctl.choose(1) == 31  # 3.3/33 = 0.1
+    ctl.tau[63] = 4.1  # 4.1/40 = 0.1025: +2.5 % < 5 %
+    assert ctl.choose(1) == 31
+    fresh = _controller(tau={**TAU, 63: 4.1})
+    assert fresh.choose(1) == 63  # without a current budget the best wins outright
+    ctl.tau[63] = 4.3  # 0.1075: +7.5 % > 5 %
+    assert ctl.choose(1) == 63
+    ctl.tau[63] = 4.0  # 31 is 0.1 vs 0.1: no gain, stay
+    assert ctl.choose(1) == 63
+    # each bucket keeps its own budget
+    assert ctl.choose(4) == 7
+    assert ctl.choose(1) == 63
+
+
+def test_tau_is_an_ema_of_the_measured_budgets():
+    ctl = BudgetController(BudgetPolicy.from_dict({**TABLE, "ema_alpha": 0.25}), horizon=L)
+    assert ctl.measured_by(63) == (15, 31, 63)  # >= L: nested in the chain-inclusive tree
+    assert ctl.measured_by(7) == (3, 7)  # < L: plain best-first trees, nested among themselves
+    assert ctl.measured_by(15) == (15,)
+    ctl.observe(63, [8.0, 10.0, 12.0], num_requests=4)
+    assert ctl.tau == {15: 2.0, 31: 2.5, 63: 3.0}
+    ctl.observe(31, [16.0, 20.0], num_requests=4)
+    assert ctl.tau == {15: 2.5, 31: 3.125, 63: 3.0}  # 3/4 of the old value + 1/4 of 4.0, 5.0
+    assert ctl.evidence == {15: 2, 31: 2, 63: 1}
+    ctl.observe(7, [1.0, 1.0], num_requests=0)  # an empty step changes nothing
+    assert 7 not in ctl.tau
+    with pytest.raises(ValueError, match=r"budget 63 measures budgets \[15, 31, 63\]; got 2"):
+        ctl.observe(63, [1.0, 2.0], num_requests=1)
+
+
+def test_unmeasured_candidates_are_explored_then_probed():
+    policy = BudgetPolicy.from_dict({**TABLE, "warmup_steps": 2, "probe_interval": 4})
+    ctl = BudgetController(policy, horizon=L)
+    # bucket 4 = {7, 15, 31}: 7 is measured only by a step at 7 (< L), 15 and 31 by 31
+    seen = []
+    for _ in range(4):
+        b = ctl.choose(4)
+        seen.append(b)
+        ctl.observe(b, [4.0 * (i + 2) for i in range(len(ctl.measured_by(b)))], 4)
+    assert seen == [7, 7, 31, 31]
+    # now all measured: tau 7 = 2, 15 = 2, 31 = 3 -> 7 (2/30) beats 15 (2/37) and 31 (3/60)
+    assert [ctl.choose(4) for _ in range(8)] == [7, 7, 7, 31, 7, 7, 7, 31]  # probe every 4th step
+
+
+def test_observing_the_largest_budget_measures_the_bucket_at_once():
+    ctl = BudgetController(BudgetPolicy.from_dict(TABLE), horizon=L)
+    assert ctl.choose(1) == 63
+    ctl.observe(63, [2.0, 3.6, 3.6], num_requests=1)
+    assert ctl.choose(1) == 31  # 3.6/33 beats 3.6/40 and 2/30
+
+
+BAD = [
+    ([], "the config must be a JSON object; got list"),
+    ({"cost": {}}, "unknown key 'cost'; valid keys: cost_ms, ema_alpha"),
+    ({}, "cost_ms=None is not valid; valid: a non-empty object"),
+    ({"cost_ms": {}}, "cost_ms={} is not valid"),
+    ({"cost_ms": {"0": {"15": 1}}}, "batch-size key '0' is not valid; valid: an integer >= 1"),
+    ({"cost_ms": {"x": {"15": 1}}}, "batch-size key 'x' is not valid"),
+    ({"cost_ms": {"1": {}}}, r"cost_ms\['1'\]=\{\} is not valid"),
+    ({"cost_ms": {"1": [15]}}, r"cost_ms\['1'\]=\[15\] is not valid"),
+    ({"cost_ms": {"1": {"-3": 1}}}, "budget key '-3' is not valid"),
+    ({"cost_ms": {"1": {"15": 0}}}, r"cost_ms\['1'\]\['15'\]=0 is not valid; valid: a number > 0"),
+    ({"cost_ms": {"1": {"15": "fast"}}}, r"cost_ms\['1'\]\['15'\]='fast' is not valid"),
+    ({"cost_ms": {"1": {"15": True}}}, r"cost_ms\['1'\]\['15'\]=True is not valid"),
+    (
+        {"cost_ms": {"1": {"15": 1}}, "ema_alpha": 0},
+        "ema_alpha=0 is not valid; valid: a number > 0 and <= 1",
+    ),
+    ({"cost_ms": {"1": {"15": 1}}, "ema_alpha": 1.5}, "ema_alpha=1.5 is not valid"),
+    (
+        {"cost_ms": {"1": {"15": 1}}, "hysteresis": -0.1},
+        "hysteresis=-0.1 is not valid; valid: a number >= 0",
+    ),
+    (
+        {"cost_ms": {"1": {"15": 1}}, "warmup_steps": 0},
+        "warmup_steps=0 is not valid; valid: an integer >= 1",
+    ),
+    ({"cost_ms": {"1": {"15": 1}}, "warmup_steps": 2.0}, "warmup_steps=2.0 is not valid"),
+    ({"cost_ms": {"1": {"15": 1}}, "warmup_steps": True}, "warmup_steps=True is not valid"),
+    (
+        {"cost_ms": {"1": {"15": 1}}, "probe_interval": -1},
+        "probe_interval=-1 is not valid; valid: an integer >= 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "msg"), BAD)
+def test_bad_configs_are_refused_in_one_line(raw, msg):
+    with pytest.raises(BudgetConfigError, match=msg) as e:
+        BudgetPolicy.from_dict(raw, "cfg.json")
+    assert str(e.value).startswith("cfg.json: ") and "\n" not in str(e.value)
+
+
+def test_boundary_values_are_accepted():
+    p = BudgetPolicy.from_dict(
+        {
+            "cost_ms": {"1": {"1": 1e-3}},
+            "ema_alpha": 1,
+            "hysteresis": 0,
+            "warmup_steps": 1,
+            "probe_interval": 0,
+        }
+    )
+    assert (p.budgets, p.ema_alpha, p.hysteresis, p.probe_interval) == ((1,), 1.0, 0.0, 0)
+
+
+def test_unreadable_files_are_refused_in_one_line(tmp_path):
+    with pytest.raises(
+        BudgetConfigError, match=r"--speculative-adaptive-config='/nonexistent.json'"
+    ):
+        BudgetPolicy.load("/nonexistent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  'cost_ms': 1\n}")
+    with pytest.raises(BudgetConfigError, match="cannot read a JSON config") as e:
+        BudgetPolicy.load(str(bad))
+    assert "\n" not in str(e.value)
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    horizon=st.integers(2, 6),
+    budgets=st.lists(st.integers(1, 24), min_size=2, max_size=4, unique=True),
+)
+def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
+    """The accepted tokens of the tree cut to b (accepted_tokens_within over the big tree's walk)
+    equal those of the b-tree built and walked on its own, for every b measured_by the big one."""
+    g = torch.Generator().manual_seed(seed)
+    bs, V = 3, 5
+    logits = torch.randn(bs, horizon, V, generator=g) * 3
+    roots = torch.randint(0, V, (bs,), generator=g)
+    # the target's next token is a function of the node's (depth, token); mostly the drafter's argmax
+    argmax_next = torch.cat([logits.argmax(-1), roots.unsqueeze(1)], dim=1)  # [bs, L + 1]
+    noise = torch.randint(0, V, (bs, horizon + 1, V), generator=g)
+    agree = torch.rand(bs, horizon + 1, V, generator=g) < 0.7
+    table = torch.where(agree, argmax_next.unsqueeze(-1).expand(-1, -1, V), noise)
+
+    def accepted(tree):
+        d = tree.depths.clamp(min=0)
+        tgt = table[torch.arange(bs).unsqueeze(1), d, tree.tokens]
+        return walk_greedy(tree, tgt)
+
+    big = max(budgets)
+    ctl = BudgetController(
+        BudgetPolicy.from_dict({"cost_ms": {"1": {str(b): 1.0 for b in budgets}}}), horizon
+    )
+    tree = build_ddtree(logits, big, roots)
+    walk = accepted(tree)
+    n = tree.width
+    flat = torch.where(walk.accepted >= 0, walk.accepted + torch.arange(bs).unsqueeze(1) * n, -1)
+    measured = ctl.measured_by(big)
+    sums = accepted_tokens_within(flat, n, measured)
+    for b, total in zip(measured, sums.tolist(), strict=True):
+        alone = accepted(build_ddtree(logits, b, roots))
+        assert total == float((alone.accept_len + 1).sum()), (b, big)
+
+
+def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
+    """benchmarks/adaptive_budget.py: a level that ran in rounds (C above max_running_requests)
+    is no step cost; the DDTREE rows form a config the server accepts."""
+    from benchmarks.adaptive_budget import cost_table, step_costs
+
+    rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=2)
+    records = [
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 1, "ms_per_step": 30.0},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 2, "ms_per_step": 33.0},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 4, "ms_per_step": 66.0},
+        {**rec, "algorithm": "DDTREE", "budget": 63, "concurrency": 1, "ms_per_step": 42.0},
+        {
+            **rec,
+            "algorithm": "DDTREE",
+            "budget": 63,
+            "concurrency": 1,
+            "ms_per_step": 1.0,
+            "variant": "stages",
+        },
+        {**rec, "algorithm": "AR", "budget": None, "concurrency": 1, "ms_per_step": 20.0},
+        {
+            **rec,
+            "shape": "t",
+            "algorithm": "AR",
+            "budget": None,
+            "concurrency": 2,
+            "ms_per_step": 9.0,
+        },
+    ]
+    costs = step_costs(records, "s")
+    assert costs == {
+        ("DDTREE", 15): {1: 30.0, 2: 33.0},
+        ("DDTREE", 63): {1: 42.0},
+        ("AR", None): {1: 20.0},
+    }
+    table = cost_table(costs)
+    assert table == {"1": {"15": 30.0, "63": 42.0}, "2": {"15": 33.0}}
+    assert BudgetPolicy.from_dict({"cost_ms": table}).budgets == (15, 63)
