@@ -16,6 +16,7 @@ import re
 
 import torch
 
+from sglang_spec.plugin.config import DEFAULT_TREE_TEMPERATURE
 from sglang_spec.reference import generate, tiny_pair
 
 
@@ -25,6 +26,12 @@ def main() -> None:
     ap.add_argument("--pair", choices=sorted(tiny_pair.PAIRS), default="hybrid")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--tree-temperature",
+        type=float,
+        default=DEFAULT_TREE_TEMPERATURE,
+        help="the servers' SGLANG_DDTREE_TREE_TEMPERATURE (default: the plug-in's, %(default)s)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok, target, drafter = tiny_pair.load_pair(args.pair)
@@ -48,7 +55,13 @@ def main() -> None:
         for prompt, g in zip(prompts, server["greedy"]):
             ids = tok(prompt, return_tensors="pt").input_ids
             res = generate(
-                target, drafter, ids, method, budget=budget, max_new_tokens=args.max_new_tokens
+                target,
+                drafter,
+                ids,
+                method,
+                budget=budget,
+                tree_temperature=args.tree_temperature,
+                max_new_tokens=args.max_new_tokens,
             )
             emitted += len(res.tokens)
             steps += len(res.steps)  # like spec_verify_ct, which does not count the prefill forward
