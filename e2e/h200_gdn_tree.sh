@@ -3,8 +3,8 @@
 # H200, in one call of at most 9 minutes. Run from the repo root with the GPU kit carried:
 #   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_gdn_tree.sh
 #  1. `sglang-spec patch apply` on the kit's SGLang (the series: 0001, 0002, 0003);
-#  2. the tiny hybrid pair, DDTREE(64) with the flag, CUDA graphs (decode batches up to 16) then
-#     eager: greedy texts = AR (the session-3 AR run as baseline; first 6 prompts) sequentially and
+#  2. the tiny hybrid pair, DDTREE(64) with the flag, CUDA graphs for decode batches up to GRAPH_BS
+#     (default 4: capture at width 65 costs ~36 s per batch size), larger batches eager: greedy texts = AR (the session-3 AR run as baseline; first 6 prompts) sequentially and
 #     16 concurrently, tokens per verify step (python -m e2e.tiny_pair; judge every prompt on the CPU
 #     in fp32 with python -m e2e.compare_reference <OUT>/e2e/e2e.json --pair hybrid);
 #  3. the Qwen3.6-27B shape (dummy weights), DDTREE(63) with the flag (its server config turns it
@@ -20,8 +20,8 @@ export PYTHONUNBUFFERED=1
   2>&1 | tee "$OUT/patch_apply.log"
 timeout "${E2E_LIMIT_S:-250}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/e2e" \
   --target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl" \
-  --num-prompts 16 --samples 8 --graph-bs 16 \
-  --servers "${SERVERS:-ddtree64+graphs+patched+replayssm,ddtree64+patched+replayssm}" \
+  --num-prompts 16 --samples 8 --graph-bs "${GRAPH_BS:-4}" \
+  --servers "${SERVERS:-ddtree64+graphs+patched+replayssm}" \
   --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json >"$OUT/e2e.log" 2>&1
 echo "e2e.tiny_pair rc $?" | tee -a "$OUT/e2e.log"
 timeout "${SCALE_LIMIT_S:-270}" "$SGLANG_KIT_PYTHON" -m e2e.scale --out "$OUT/scale" \
