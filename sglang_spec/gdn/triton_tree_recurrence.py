@@ -203,9 +203,11 @@ def _tree_kernel(
         g_at = g_ptr + b * sg_b + hv * sg_h
         sg_node = sg_n
     gamma_n = tl.zeros([BN], dtype=tl.float32)
-    for t in range(W):
-        node = tl.load(paths_ptr + (b * N + offs_n) * W + t, mask=ok_n, other=-1)
-        gamma_n += tl.load(g_at + node * sg_node, mask=node >= 0, other=0.0).to(tl.float32)
+    for pcol in range(W):
+        path_node = tl.load(paths_ptr + (b * N + offs_n) * W + pcol, mask=ok_n, other=-1)
+        gamma_n += tl.load(g_at + path_node * sg_node, mask=path_node >= 0, other=0.0).to(
+            tl.float32
+        )
     tl.store(scr + offs_n * (HV * SP) + DV + 1, gamma_n, mask=ok_n)
     tl.debug_barrier()
 
