@@ -299,7 +299,7 @@ def applied_case() -> tuple[str, ...]:
     return applied_patches()
 
 
-def main(root: str, unpatched_fold: str, out_path: str, repo: str) -> None:
+def main(root: str, unpatched_fold: str, repo: str, out_path: str) -> None:
     sub = "sglang/kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
     patched = load_module("patched_fold", os.path.join(root, sub))
     unpatched = load_unpatched_fold(unpatched_fold)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sglang_spec.patching import core
@@ -33,3 +35,23 @@ def patched_copy(root: Path) -> Path:
     res = core.apply(str(root), PATCHES)
     assert res.code == 0, res.lines
     return root
+
+
+def run_cases(root: Path, script: str, *args: str, timeout: int = 900):
+    """Run ``tests/<script>`` in a child process that imports SGLang from the patched copy
+    ``root`` (Triton under its CPU interpreter), with ``args`` and the output path it must
+    ``torch.save`` to appended; returns what it saved."""
+    import torch
+
+    out = root / "out.pt"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{REPO}")
+    r = subprocess.run(
+        [sys.executable, str(REPO / "tests" / script), *args, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return torch.load(out, weights_only=False)

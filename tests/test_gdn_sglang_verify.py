@@ -24,15 +24,12 @@ two columns wider than the tree. Checked here:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from patched_sglang import REPO, installed_sglang, patched_copy
+from patched_sglang import installed_sglang, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
 from sglang_spec.gdn.sglang_verify import TreeVerifyTables, replayssm_tree_verify
@@ -44,23 +41,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = patched_copy(tmp_path_factory.mktemp("patched_sglang"))
-    out = root / "out.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{REPO}")
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tests/gdn_sglang_verify_cases.py"),
-            str(installed_sglang() / FOLD),
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=str(REPO),
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return run_cases(root, "gdn_sglang_verify_cases.py", str(installed_sglang() / FOLD))
 
 
 def reference_inputs(case):

@@ -21,60 +21,29 @@ fold is a Triton kernel) and returns raw results; the references are computed he
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from patched_sglang import PATCHES, REPO, installed_sglang, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state
 from sglang_spec.patching import core
 
-REPO = Path(__file__).resolve().parents[1]
-PATCHES = REPO / "patches"
 FOLD = "kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
 N = 9  # gdn_tree_commit_cases.N
 
 
-def installed_sglang() -> Path:
-    return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("patched_sglang")
-    src = installed_sglang()
-    core.locate(str(src))  # a real sglang package
-    for d, _dirs, files in os.walk(src):
-        rel = Path(d).relative_to(src.parent)
-        (root / rel).mkdir(exist_ok=True)
-        for f in files:
-            os.symlink(Path(d) / f, root / rel / f)
-    res = core.apply(str(root), PATCHES)
-    assert res.code == 0, res.lines
+    root = patched_copy(tmp_path_factory.mktemp("patched_sglang"))
     assert "0003-gdn-tree-replayssm-commit.patch" in core.load_patch_set(PATCHES, "0.5.23").series
-    out = root / "out.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{REPO}")
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tests/gdn_tree_commit_cases.py"),
-            str(root),
-            str(src / FOLD),
-            str(out),
-            str(REPO),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    return run_cases(
+        root,
+        "gdn_tree_commit_cases.py",
+        str(root),
+        str(installed_sglang() / FOLD),
+        str(REPO),
         timeout=600,
-        cwd=str(REPO),
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return torch.load(out, weights_only=False)
 
 
 def expected_fold(case, b: int, path: list[int]) -> torch.Tensor:
