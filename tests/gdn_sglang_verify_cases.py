@@ -1,7 +1,7 @@
 """Child process of tests/test_gdn_sglang_verify.py: runs the Triton side under ``TRITON_INTERPRET=1``.
 
 ``python tests/gdn_sglang_verify_cases.py PRISTINE_FOLD OUT.pt`` with a patched copy of SGLang
-0.5.23 first on ``sys.path`` (the parent builds it). Runs on one random case (``make_case``):
+0.5.22 or 0.5.23 first on ``sys.path`` (the parent builds it). Runs on one random case (``make_case``):
 
 * ``ours``: ``sglang_spec.gdn.sglang_verify.gdn_tree_verify`` -- outputs and ring;
 * ``sglang_ring``: SGLang's own recurrent kernel (cut verbatim, ``tests/sglang_kernel_gdn.py``) on

@@ -1,11 +1,14 @@
-"""Patch 0003 (the GDN tree ReplaySSM commit side) run inside a patched copy of SGLang 0.5.23.
+"""Patch 0003 (the GDN tree ReplaySSM commit side) run inside a patched copy of SGLang 0.5.22 / 0.5.23.
 
-Used by tests/test_gdn_tree_commit.py, which builds the copy (a symlink tree of the installed
-``sglang`` with the project's patch series applied by ``sglang_spec.patching.core.apply``) and runs
+Used by tests/test_gdn_tree_commit.py, which builds the copy (``patched_sglang.patched_copy``: the
+release with the project's patch series applied by ``sglang_spec.patching.core.apply``) and runs
 this file as a script in a child process with ``TRITON_INTERPRET=1`` and the copy first on
 ``sys.path``:
 
-    python tests/gdn_tree_commit_cases.py PATCHED_ROOT UNPATCHED_FOLD_PY OUT.pt
+    python tests/gdn_tree_commit_cases.py PATCHED_ROOT FOLD_REL UNPATCHED_FOLD_PY OUT.pt REPO
+
+(FOLD_REL: the fold kernel's file under PATCHED_ROOT, ``sglang/kernels/ops/attention/.../
+gdn_replayssm_spec_fold.py``.)
 
 It writes OUT.pt, a dict of raw results the test compares (the references are computed by the test,
 not here):
@@ -299,9 +302,8 @@ def applied_case() -> tuple[str, ...]:
     return applied_patches()
 
 
-def main(root: str, unpatched_fold: str, repo: str, out_path: str) -> None:
-    sub = "sglang/kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
-    patched = load_module("patched_fold", os.path.join(root, sub))
+def main(root: str, fold_rel: str, unpatched_fold: str, repo: str, out_path: str) -> None:
+    patched = load_module("patched_fold", os.path.join(root, fold_rel))
     unpatched = load_unpatched_fold(unpatched_fold)
     import sglang
 
@@ -321,4 +323,4 @@ def main(root: str, unpatched_fold: str, repo: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

@@ -1,21 +1,27 @@
-"""A patched copy of the installed SGLang for tests: a symlink tree of the installed ``sglang``
-package (directories real, files links) with the project's patch series for that release applied
-by ``sglang_spec.patching.core.apply``, which replaces the patched files by real ones and leaves the
-installed package untouched. Import from it in a child process with the copy first on ``sys.path``.
+"""A patched copy of a pinned SGLang for tests, with the project's patch series for that release
+applied by ``sglang_spec.patching.core.apply``. For the installed release it is a symlink tree of
+the installed ``sglang`` package (directories real, files links; ``apply`` replaces the patched files
+by real ones and leaves the installed package untouched); for another pin it is the ``sglang/`` of
+that release's wheel (``test_patching.get_wheel``: cached, downloaded once, skipped without PyPI).
+The released files the series rewrites are kept under ``pristine/``. Import from the copy in a
+child process with it first on ``sys.path``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from sglang_spec.patching import core
 
 REPO = Path(__file__).resolve().parents[1]
 PATCHES = REPO / "patches"
+GDN_TREE_PINS = ["0.5.22", "0.5.23"]  # the pins whose series carries the GDN tree patches
 
 
 def installed_sglang() -> Path:
@@ -23,15 +29,37 @@ def installed_sglang() -> Path:
     return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
 
 
-def patched_copy(root: Path) -> Path:
-    """Build the patched copy under ``root`` (which then contains ``sglang/``); returns ``root``."""
+def gdn_fold(version: str) -> str:
+    """The ReplaySSM fold kernel file the series patches (``kernels/ops/attention/linear/`` in
+    0.5.23, ``.../fla/`` in 0.5.22), relative to the copy's root."""
+    (rel,) = [
+        f
+        for f in core.load_patch_set(PATCHES, version).files
+        if f.endswith("/gdn_replayssm_spec_fold.py")
+    ]
+    return rel
+
+
+def patched_copy(root: Path, version: str | None = None) -> Path:
+    """Build the patched copy of ``version`` (default: the installed release) under ``root``
+    (which then contains ``sglang/`` and ``pristine/sglang/...``); returns ``root``."""
     src = installed_sglang()
-    core.locate(str(src))  # a real sglang package
-    for d, _dirs, files in os.walk(src):
-        rel = Path(d).relative_to(src.parent)
-        (root / rel).mkdir(exist_ok=True)
-        for f in files:
-            os.symlink(Path(d) / f, root / rel / f)
+    installed = core.detect_version(core.locate(str(src)))[0]  # a real sglang package
+    if version is None or version == installed:
+        for d, _dirs, files in os.walk(src):
+            rel = Path(d).relative_to(src.parent)
+            (root / rel).mkdir(exist_ok=True)
+            for f in files:
+                os.symlink(Path(d) / f, root / rel / f)
+    else:
+        from test_patching import get_wheel
+
+        with zipfile.ZipFile(get_wheel(version)) as zf:
+            zf.extractall(root, members=[m for m in zf.namelist() if m.startswith("sglang/")])
+    version = core.detect_version(core.locate(str(root)))[0]
+    for rel in core.load_patch_set(PATCHES, version).files:
+        (root / "pristine" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, root / "pristine" / rel)
     res = core.apply(str(root), PATCHES)
     assert res.code == 0, res.lines
     return root

@@ -106,7 +106,10 @@ def sglang_root() -> str:
 
 def cut_source(rel: str, names) -> dict:
     """Source text of the top-level functions (with decorators) / assignments ``names`` of SGLang file ``rel``."""
-    src = open(os.path.join(sglang_root(), rel)).read()
+    path = os.path.join(sglang_root(), rel)
+    if not os.path.exists(path):  # 0.5.22 keeps the linear-attention kernels under attention/fla/
+        path = os.path.join(sglang_root(), rel.replace("/attention/linear/", "/attention/fla/"))
+    src = open(path).read()
     lines = src.splitlines()
     found = {}
     for node in ast.parse(src).body:

@@ -1,8 +1,8 @@
 """Patch 0002 (GDN tree ReplaySSM, verify side) and its integration kernel, on the CPU.
 
 ``gdn_sglang_verify_cases.py`` runs in a child process under ``TRITON_INTERPRET=1`` with a patched
-copy of the installed SGLang 0.5.23 first on ``sys.path`` (``patched_sglang.py``) and returns raw
-results on one random case: 4 requests of a 10-slot tree (padding slots, depth <= 6), request 1 a
+copy of each pin that carries the patch (the installed SGLang 0.5.23, the 0.5.22 wheel;
+``patched_sglang.py``) first on ``sys.path`` and returns raw results on one random case: 4 requests of a 10-slot tree (padding slots, depth <= 6), request 1 a
 padding request (``cache_indices = -1``), GQA 1:3, q/k/v and a/b strided views of one projection
 each, two value tiles per head, a path table two columns wider than the deepest path and a ring
 two columns wider than the tree. Checked here:
@@ -29,19 +29,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from patched_sglang import installed_sglang, patched_copy, run_cases
+from patched_sglang import GDN_TREE_PINS, gdn_fold, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
 from sglang_spec.gdn.sglang_verify import TreeVerifyTables, replayssm_tree_verify
 
-FOLD = "kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = patched_copy(tmp_path_factory.mktemp("patched_sglang"))
-    return run_cases(root, "gdn_sglang_verify_cases.py", str(installed_sglang() / FOLD))
+@pytest.fixture(scope="module", params=GDN_TREE_PINS)
+def results(request, tmp_path_factory):
+    root = patched_copy(tmp_path_factory.mktemp(f"patched_sglang_{request.param}"), request.param)
+    return run_cases(
+        root, "gdn_sglang_verify_cases.py", str(root / "pristine" / gdn_fold(request.param))
+    )
 
 
 def reference_inputs(case):

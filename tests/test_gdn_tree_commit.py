@@ -1,10 +1,10 @@
-"""Patch 0003 (GDN tree ReplaySSM, commit side) on a patched copy of the installed SGLang 0.5.23.
+"""Patch 0003 (GDN tree ReplaySSM, commit side) on a patched copy of each pin that carries it.
 
-The copy is a symlink tree of the installed ``sglang`` package (directories real, files links) with
-the project's whole 0.5.23 series applied by ``sglang_spec.patching.core.apply``, which replaces the
-patched files by real ones and leaves the installed package untouched. ``gdn_tree_commit_cases.py``
-runs in a child process with the copy first on ``sys.path`` and ``TRITON_INTERPRET=1`` (SGLang's
-fold is a Triton kernel) and returns raw results; the references are computed here:
+The copy (``patched_sglang.py``) is the installed SGLang 0.5.23 or the 0.5.22 wheel, with the
+project's whole series for that release applied by ``sglang_spec.patching.core.apply``.
+``gdn_tree_commit_cases.py`` runs in a child process with the copy first on ``sys.path`` and
+``TRITON_INTERPRET=1`` (SGLang's fold is a Triton kernel) and returns raw results; the references
+are computed here, the same for both pins:
 
 * the fold replays the accepted PATH: ring column ``accept_index[b, t] - b * N`` of the request's
   ring row, equal to ``sglang_spec.gdn.replay_path_state`` (k l2-normalised as the fold does), the
@@ -23,27 +23,30 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patched_sglang import PATCHES, REPO, installed_sglang, patched_copy, run_cases
+from patched_sglang import GDN_TREE_PINS, PATCHES, REPO, gdn_fold, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state
 from sglang_spec.patching import core
 
-FOLD = "kernels/ops/attention/linear/gdn_replayssm_spec_fold.py"
 N = 9  # gdn_tree_commit_cases.N
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = patched_copy(tmp_path_factory.mktemp("patched_sglang"))
-    assert "0003-gdn-tree-replayssm-commit.patch" in core.load_patch_set(PATCHES, "0.5.23").series
-    return run_cases(
+@pytest.fixture(scope="module", params=GDN_TREE_PINS)
+def results(request, tmp_path_factory):
+    version = request.param
+    root = patched_copy(tmp_path_factory.mktemp(f"patched_sglang_{version}"), version)
+    assert "0003-gdn-tree-replayssm-commit.patch" in core.load_patch_set(PATCHES, version).series
+    fold = gdn_fold(version)
+    saved = run_cases(
         root,
         "gdn_tree_commit_cases.py",
         str(root),
-        str(installed_sglang() / FOLD),
+        fold,
+        str(root / "pristine" / fold),
         str(REPO),
         timeout=600,
     )
+    return {**saved, "version": version}
 
 
 def expected_fold(case, b: int, path: list[int]) -> torch.Tensor:
@@ -174,8 +177,10 @@ def test_attention_hook_still_refuses_eagle_trees_with_the_flag(results):
 
 
 def test_plugin_sees_the_gdn_tree_patches_applied(results):
-    from sglang_spec.plugin.config import GDN_TREE_PATCHES
+    from sglang_spec.plugin.config import GDN_TREE_PATCHES, check_linear_replayssm_spec
 
-    series = tuple(core.load_patch_set(PATCHES, "0.5.23").series)
+    series = tuple(core.load_patch_set(PATCHES, results["version"]).series)
     assert results["applied"] == series
-    assert GDN_TREE_PATCHES[1] in series  # 0002 joins when the verify side lands
+    assert set(GDN_TREE_PATCHES) <= set(series)
+    # what the plug-in reads lets it accept --enable-linear-replayssm-spec on this pin
+    check_linear_replayssm_spec(True, results["applied"], None)

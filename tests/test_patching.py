@@ -4,10 +4,10 @@ The real-wheel tests download `sglang==<pin>` once into ~/.cache/sglang-spec-whe
 (override: SGLANG_SPEC_WHEEL_CACHE; skipped, saying so, when PyPI cannot be reached), unpack it
 under a pytest tmp dir, and run check -> apply -> apply -> check -> import -> revert, then compare
 every file of the tree with its pre-apply hash. The import step runs on CPU against the unpacked
-pin: the patched module's KV reserve, and the plug-in loaded through SGLang's own
-`load_plugins()` so that `SpeculativeAlgorithm.from_string("DDTREE")` resolves, and the plug-in's
-adapter check (`adapter.missing_internals()`) passing against the pin. Each pin's wheel
-is also surveyed again and must give its committed row of patches/support.json.
+pin: every module the series rewrites imports, the patched module's KV reserve, and the plug-in
+loaded through SGLang's own `load_plugins()` so that `SpeculativeAlgorithm.from_string("DDTREE")`
+resolves, and the plug-in's adapter check (`adapter.missing_internals()`) passing against the pin.
+Each pin's wheel is also surveyed again and must give its committed row of patches/support.json.
 """
 
 from __future__ import annotations
@@ -475,6 +475,18 @@ print("ADAPTER-OK", len(adapter.EXPECTED[adapter.installed_sglang_version()]))
 """
 
 
+def patched_modules_check(files) -> str:
+    """Import every module the series rewrites (from the unpacked pin, patched)."""
+    mods = sorted(rel.removesuffix(".py").replace("/", ".") for rel in files)
+    return textwrap.dedent(f"""\
+        import importlib
+        for name in {mods!r}:
+            m = importlib.import_module(name)
+            assert m.__file__.startswith(sglang.__path__[0]), m.__file__
+        print("MODULES-OK", {len(mods)})
+        """)
+
+
 @pytest.mark.parametrize("version", PINS)
 def test_real_wheel_apply_check_import_revert(version, tmp_path, capsys):
     wheel = get_wheel(version)
@@ -499,8 +511,8 @@ def test_real_wheel_apply_check_import_revert(version, tmp_path, capsys):
     code, out, _ = run_cli("check", *args, capsys=capsys)
     assert code == 0 and "state: applied" in out
 
-    r = import_in_subprocess(root, P3_CHECK + PLUGIN_CHECK)
-    ok = all(f"{w}-OK" in r.stdout for w in ("P3", "PLUGIN", "ADAPTER"))
+    r = import_in_subprocess(root, patched_modules_check(ps.files) + P3_CHECK + PLUGIN_CHECK)
+    ok = all(f"{w}-OK" in r.stdout for w in ("MODULES", "P3", "PLUGIN", "ADAPTER"))
     assert r.returncode == 0 and ok, r.stdout[-2000:] + r.stderr[-3000:]
 
     code, out, _ = run_cli("revert", *args, capsys=capsys)

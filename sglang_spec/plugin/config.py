@@ -510,7 +510,8 @@ def drafter_block_size(cfg: Any) -> int | None:
 
 
 RESERVE_PATCH = "0001-dflash-v2-reserve-covers-draft-block.patch"  # P3: lifts 2N >= B
-# The GDN tree ReplaySSM (docs/gdn-tree-caching.md): 0002 the verify, 0003 the commit and the pool.
+# The GDN tree ReplaySSM (docs/gdn-tree-caching.md): 0002 the verify, 0003 the commit and the pool;
+# the same file names in every pin's series (patches/0.5.22, patches/0.5.23).
 GDN_TREE_PATCHES = ("0002-gdn-tree-replayssm-verify.patch", "0003-gdn-tree-replayssm-commit.patch")
 
 
@@ -555,7 +556,7 @@ def check_linear_replayssm_spec(
         raise DDTreeConfigError(
             "DDTREE with --enable-linear-replayssm-spec needs the GDN tree patches "
             f"{', '.join(missing)} applied to the installed SGLang: run `sglang-spec patch apply` "
-            "(sglang 0.5.23; docs/gdn-tree-caching.md), or run without the flag."
+            "(sglang 0.5.22 or 0.5.23; docs/gdn-tree-caching.md), or run without the flag."
         )
     why = tree_replayssm_refusal(is_kda=False, verify_backend=verify_backend)
     if why is not None:

@@ -78,7 +78,7 @@ REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.ho
 # Optional, each for one configuration (patches/README.md; plugin/config.py refuses without them).
 REQUIRED_PATCHES = (
     "patches/0.5.23/0001 (P3) dflash_info_v2 reserve 2*max(block, width): only if 2*width < block",
-    "patches/0.5.23/0002+0003 GDN tree ReplaySSM: only with --enable-linear-replayssm-spec",
+    "patches/<pin>/0002+0003 GDN tree ReplaySSM: only with --enable-linear-replayssm-spec",
 )
 
 
