@@ -133,6 +133,25 @@ def test_padding_rows_and_commit_of_padding(model):
         gdn_tree_commit(states, torch.tensor([3]))
 
 
+def test_tree_forward_keeps_every_tensor_on_the_inputs_device(model):
+    """Under a ``meta`` default device the CPU layer gives the same CPU outputs, states and commit:
+    no tensor is created on the default device (on a GPU server the default is the CPU and the
+    inputs are on CUDA)."""
+    layer = model.model.layers[LINEAR_LAYERS[0]].linear_attn
+    conv, ssm = read_committed_states(
+        _prefill(model, torch.randint(0, VOCAB, (2, 5))), LINEAR_LAYERS[0]
+    )
+    parents = torch.tensor([[-1, 0, 1, 0, -1], [-1, 0, 0, 2, 3]])
+    hidden, accepted = torch.randn(2, 5, HIDDEN), torch.tensor([2, 4])
+    out, states = gdn_tree_forward(layer, hidden, parents, conv, ssm)
+    want = (out, states.conv, states.ssm, states.depth, *gdn_tree_commit(states, accepted))
+    with torch.device("meta"):
+        out, states = gdn_tree_forward(layer, hidden, parents, conv, ssm)
+        got = (out, states.conv, states.ssm, states.depth, *gdn_tree_commit(states, accepted))
+    for a, b in zip(want, got, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_layer_tree_matches_sequential_paths(model, seed):
     rng = random.Random(seed)

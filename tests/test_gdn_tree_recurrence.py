@@ -231,6 +231,30 @@ def test_matches_gdn_tree_forward(monkeypatch):
                 torch.testing.assert_close(state[b], states.ssm[b, i], atol=TOL, rtol=0)
 
 
+def test_keeps_every_tensor_on_the_inputs_device():
+    """Under a ``meta`` default device CPU inputs give the same CPU paths, outputs and state: no
+    tensor is created on the default device (on a GPU server the default is the CPU)."""
+    gen = torch.Generator().manual_seed(5)
+    parents = torch.tensor([random_parents(gen, 9, 4, 0.2) for _ in range(2)])
+    q, k, v, g, beta, s0 = recurrence_inputs(gen, 2, 9, 2, 4, 8, 8)
+
+    def run():
+        paths = tree_paths(parents)
+        path = paths[:, int(parents[0].argmax())]  # a real node's root path in row 0
+        return (
+            paths,
+            tree_paths(parents, width=3),
+            tree_gated_delta_rule(q, k, v, g, beta, parents, s0),
+            replay_path_state(k, v, g, beta, path, s0),
+        )
+
+    want = run()
+    with torch.device("meta"):
+        got = run()
+    for a, b in zip(want, got, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
 def test_bad_inputs_are_refused_with_the_value():
     gen = torch.Generator().manual_seed(0)
     q, k, v, g, beta, s0 = recurrence_inputs(gen, 2, 5, 2, 4, 8, 6)
