@@ -399,10 +399,44 @@ def test_build_neginf_tokens_never_selected():
 
 
 def test_build_nan_logits_raise():
-    x = torch.randn(2, 3, 4)
-    x[1, 2, 0] = float("nan")
-    with pytest.raises(ValueError, match="(?i)nan"):
-        build_ddtree(x, 4, torch.tensor([0, 0]))
+    """Both entry points name the requests whose logits (or log-probs) hold NaN."""
+    x = torch.randn(3, 3, 4)
+    x[1, 2, 0] = x[2, 0, 3] = float("nan")
+    roots = torch.tensor([0, 0, 0])
+    with pytest.raises(ValueError) as bad:
+        build_ddtree(x, 4, roots)
+    assert str(bad.value) == (
+        "draft_logits contain NaN for request(s) [1, 2]; the drafter produced invalid logits"
+    )
+    logq, ids = draft_topk(torch.randn(3, 3, 4), 4)
+    logq[2, 1, 0] = float("nan")
+    with pytest.raises(ValueError) as bad:
+        build_ddtree_from_topk(logq, ids, 4, roots)
+    assert str(bad.value) == (
+        "draft log-probs contain NaN for request(s) [2]; the drafter produced invalid logits"
+    )
+
+
+def test_build_keeps_every_tensor_on_the_logits_device_not_the_default():
+    """Under a ``meta`` default device CPU logits give the same CPU trees (plain, chain-inclusive
+    and the chain): no tensor is created on the default device (on a GPU server the default is the
+    CPU and the logits are on CUDA)."""
+    x, roots = make_logits(9, 3, 4, 6), torch.tensor([1, 2, 3])
+
+    def build():
+        return [
+            build_ddtree(x, 9, roots, include_chain=False),
+            build_ddtree(x, 9, roots, temperature=0.5),
+            build_chain(x, roots),
+        ]
+
+    want = build()
+    with torch.device("meta"):
+        got = build()
+    for w, g in zip(want, got, strict=True):
+        for name in ("tokens", "parents", "depths", "scores", "num_nodes"):
+            assert getattr(g, name).device.type == "cpu", name
+        assert_same_tree(w, g)
 
 
 @pytest.mark.parametrize("budget", [0, -1])
