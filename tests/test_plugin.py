@@ -297,10 +297,17 @@ def test_valid_defaults(models):
 
 
 @pytest.mark.usefixtures("loaded")
-def test_valid_budget(models):
-    cfg, sa = _resolve(
-        models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
-    )
+def test_valid_budget(models, monkeypatch):
+    monkeypatch.setenv(config.ENV_SIMULATE_ACC_LEN, "2.5")
+    monkeypatch.setenv(ENV_TREE_TEMPERATURE, "0.5")
+    with _plugin_log_messages() as messages:
+        cfg, sa = _resolve(
+            models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
+        )
+    assert messages == [
+        "DDTREE resolved: block_size=8 (horizon 7), budget=32, verify width=33, K per depth=32, "
+        "tree temperature=0.5, simulated acceptance=2.5, attention=flashinfer."
+    ]
     assert cfg.speculative_num_draft_tokens == 33
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_eagle_topk == 32
