@@ -218,6 +218,19 @@ def test_temperature_zero_rows_take_the_argmax():
     assert torch.equal(mixed[1], logits[1].argmax(-1))
 
 
+def test_top_k_zero_is_off_and_top_p_stops_at_the_prefix_reaching_it():
+    """``top_k <= 0`` disables top-k (0 as well as -1); top-p keeps the smallest sorted prefix
+    whose mass reaches top_p, so a token whose preceding mass equals top_p exactly is out."""
+    logits = torch.tensor([0.5, 0.0, -1.0]).expand(1, 256, 3)
+    off = sample_target_tokens(logits, 1.0, top_k=-1, generator=_gen())
+    assert torch.equal(sample_target_tokens(logits, 1.0, top_k=0, generator=_gen()), off)
+    assert 0 < int((off != 0).sum()) < 256  # unfiltered draws leave the argmax
+    probs = logits[0, 0].softmax(-1)  # already sorted; the sampler's own float32 arithmetic
+    mass_before_second = float((probs.cumsum(-1) - probs)[1])
+    only_first = sample_target_tokens(logits, 1.0, top_p=mass_before_second, generator=_gen())
+    assert bool((only_first == 0).all())
+
+
 def test_bad_arguments_are_named():
     """Each refusal names the argument, its value and what is valid; the boundary values pass."""
     f, tree, _ = random_case(0, 2, 4, 2, 5)  # bs 2, N 5
