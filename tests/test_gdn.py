@@ -129,7 +129,7 @@ def test_padding_rows_and_commit_of_padding(model):
         layer, torch.randn(1, 5, HIDDEN), torch.tensor([[-1, 0, 0, -1, -1]]), conv, ssm
     )
     assert out[0, :3].abs().amin(-1).gt(0).all() and torch.equal(out[0, 3:], torch.zeros(2, HIDDEN))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^accepted_node points at a padding slot$"):
         gdn_tree_commit(states, torch.tensor([3]))
 
 

@@ -277,9 +277,13 @@ def test_bad_inputs_are_refused_with_the_value():
             tree_gated_delta_rule(**{**args, **change})
     with pytest.raises(ValueError, match="padding slot"):
         tree_gated_delta_rule(**{**args, "parents": torch.tensor([[-1, 0, -1, 2, 1]] * 2)})
-    for bad in ([[0, 5, -1]] * 2, [[0, -1, 2]] * 2, [[0, -2, -1]] * 2):
-        with pytest.raises(ValueError, match="path entries must be node indices in"):
-            replay_path_state(k, v, g, beta, torch.tensor(bad), s0)
+    for bad in ([0, 5, -1], [0, -1, 2], [0, -2, -1]):  # row 1 bad, row 0 valid
+        with pytest.raises(ValueError) as refused:
+            replay_path_state(k, v, g, beta, torch.tensor([[0, 1, -1], bad]), s0)
+        assert str(refused.value) == (
+            "path entries must be node indices in [0, 5) followed only by -1 padding; "
+            f"row 1 is {bad}"
+        )
     with pytest.raises(ValueError, match="path must be an int32/int64"):
         replay_path_state(k, v, g, beta, torch.tensor([0, 1]), s0)
 
