@@ -114,9 +114,14 @@ def _paths(parents: list[int]) -> dict[int, list[int]]:
 def test_tree_depth_and_validation():
     parents = torch.tensor([[-1, 0, 1, 0, 3, -1], [-1, 0, 0, 0, 2, 4]])
     assert tree_depth(parents).tolist() == [[0, 1, 2, 1, 2, -1], [0, 1, 1, 1, 2, 3]]
-    with pytest.raises(ValueError):
-        tree_depth(torch.tensor([[-1, 2, 0]]))  # parent after child
-    with pytest.raises(ValueError):
+    assert tree_depth(torch.tensor([[-1, -1, 0]])).tolist() == [[0, -1, 1]]  # padding, then a child
+    order = "^parents must satisfy parents\\[:, 0\\] == -1 and parents\\[b, i\\] < i$"
+    for bad in ([[-1, 2, 0]], [[-1, 1]], [[0, 0]]):  # parent after child; own parent; root's parent
+        with pytest.raises(ValueError, match=order):
+            tree_depth(torch.tensor(bad))
+    with pytest.raises(
+        ValueError, match="^a padding slot \\(i > 0, parent -1\\) cannot be a parent$"
+    ):
         tree_depth(torch.tensor([[-1, -1, 1]]))  # child of a padding slot
 
 
@@ -283,3 +288,9 @@ def test_write_committed_states_in_place(model):
     assert (conv.data_ptr(), ssm.data_ptr()) == (conv_ptr, ssm_ptr)
     with pytest.raises(ValueError):
         read_committed_states(cache, LAYER_TYPES.index("full_attention"))
+    # a record_past buffer longer than the kernel: the committed window replaces it, in its dtype
+    layer = cache.layers[li]
+    layer.conv_states[0] = torch.zeros(2, conv.shape[1], conv.shape[2] + 3, dtype=torch.float64)
+    write_committed_states(cache, li, new_conv, new_ssm)
+    assert layer.conv_states[0].dtype == torch.float64
+    assert torch.equal(layer.conv_states[0], new_conv.double())

@@ -109,8 +109,10 @@ def test_tree_paths_table_width_and_validation():
     ):  # parent after child; child of padding; root
         with pytest.raises(ValueError):
             tree_paths(torch.tensor(bad))
-    with pytest.raises(ValueError, match="width must be >= 1"):
+    with pytest.raises(ValueError, match="^width must be >= 1; got 0$"):
         tree_paths(parents, width=0)
+    # width 1, the smallest: the roots' paths; every other node is too deep
+    assert tree_paths(parents, width=1)[:, :, 0].tolist() == [[0] + [-1] * 6] * 2
     with pytest.raises(ValueError, match="int32/int64"):
         tree_paths(parents.float())
 
@@ -261,6 +263,9 @@ def test_bad_inputs_are_refused_with_the_value():
     parents = torch.tensor([[-1, 0, 0, 1, -1]] * 2)
     args = dict(q=q, k=k, v=v, g=g, beta=beta, parents=parents, initial_state=s0)
     cases = {
+        r"^k must be \[bs, N, Hk, K\] and v \[bs, N, Hv, V\]; got k \(2, 5, 2\), v \(2, 5, 4, 6\)$": dict(
+            k=k[..., 0]
+        ),
         "q must have k's shape": dict(q=q[:, :, :1]),
         "key heads must divide": dict(
             v=torch.zeros(2, 5, 3, 6), g=g[..., :3], beta=beta[..., :3], initial_state=s0[:, :3]
