@@ -114,9 +114,14 @@ def _paths(parents: list[int]) -> dict[int, list[int]]:
 def test_tree_depth_and_validation():
     parents = torch.tensor([[-1, 0, 1, 0, 3, -1], [-1, 0, 0, 0, 2, 4]])
     assert tree_depth(parents).tolist() == [[0, 1, 2, 1, 2, -1], [0, 1, 1, 1, 2, 3]]
-    with pytest.raises(ValueError):
-        tree_depth(torch.tensor([[-1, 2, 0]]))  # parent after child
-    with pytest.raises(ValueError):
+    assert tree_depth(torch.tensor([[-1, -1, 0]])).tolist() == [[0, -1, 1]]  # padding, then a child
+    order = "^parents must satisfy parents\\[:, 0\\] == -1 and parents\\[b, i\\] < i$"
+    for bad in ([[-1, 2, 0]], [[-1, 1]], [[0, 0]]):  # parent after child; own parent; root's parent
+        with pytest.raises(ValueError, match=order):
+            tree_depth(torch.tensor(bad))
+    with pytest.raises(
+        ValueError, match="^a padding slot \\(i > 0, parent -1\\) cannot be a parent$"
+    ):
         tree_depth(torch.tensor([[-1, -1, 1]]))  # child of a padding slot
 
 
@@ -129,8 +134,27 @@ def test_padding_rows_and_commit_of_padding(model):
         layer, torch.randn(1, 5, HIDDEN), torch.tensor([[-1, 0, 0, -1, -1]]), conv, ssm
     )
     assert out[0, :3].abs().amin(-1).gt(0).all() and torch.equal(out[0, 3:], torch.zeros(2, HIDDEN))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^accepted_node points at a padding slot$"):
         gdn_tree_commit(states, torch.tensor([3]))
+
+
+def test_tree_forward_keeps_every_tensor_on_the_inputs_device(model):
+    """Under a ``meta`` default device the CPU layer gives the same CPU outputs, states and commit:
+    no tensor is created on the default device (on a GPU server the default is the CPU and the
+    inputs are on CUDA)."""
+    layer = model.model.layers[LINEAR_LAYERS[0]].linear_attn
+    conv, ssm = read_committed_states(
+        _prefill(model, torch.randint(0, VOCAB, (2, 5))), LINEAR_LAYERS[0]
+    )
+    parents = torch.tensor([[-1, 0, 1, 0, -1], [-1, 0, 0, 2, 3]])
+    hidden, accepted = torch.randn(2, 5, HIDDEN), torch.tensor([2, 4])
+    out, states = gdn_tree_forward(layer, hidden, parents, conv, ssm)
+    want = (out, states.conv, states.ssm, states.depth, *gdn_tree_commit(states, accepted))
+    with torch.device("meta"):
+        out, states = gdn_tree_forward(layer, hidden, parents, conv, ssm)
+        got = (out, states.conv, states.ssm, states.depth, *gdn_tree_commit(states, accepted))
+    for a, b in zip(want, got, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -264,3 +288,9 @@ def test_write_committed_states_in_place(model):
     assert (conv.data_ptr(), ssm.data_ptr()) == (conv_ptr, ssm_ptr)
     with pytest.raises(ValueError):
         read_committed_states(cache, LAYER_TYPES.index("full_attention"))
+    # a record_past buffer longer than the kernel: the committed window replaces it, in its dtype
+    layer = cache.layers[li]
+    layer.conv_states[0] = torch.zeros(2, conv.shape[1], conv.shape[2] + 3, dtype=torch.float64)
+    write_committed_states(cache, li, new_conv, new_ssm)
+    assert layer.conv_states[0].dtype == torch.float64
+    assert torch.equal(layer.conv_states[0], new_conv.double())

@@ -109,8 +109,10 @@ def test_tree_paths_table_width_and_validation():
     ):  # parent after child; child of padding; root
         with pytest.raises(ValueError):
             tree_paths(torch.tensor(bad))
-    with pytest.raises(ValueError, match="width must be >= 1"):
+    with pytest.raises(ValueError, match="^width must be >= 1; got 0$"):
         tree_paths(parents, width=0)
+    # width 1, the smallest: the roots' paths; every other node is too deep
+    assert tree_paths(parents, width=1)[:, :, 0].tolist() == [[0] + [-1] * 6] * 2
     with pytest.raises(ValueError, match="int32/int64"):
         tree_paths(parents.float())
 
@@ -231,12 +233,39 @@ def test_matches_gdn_tree_forward(monkeypatch):
                 torch.testing.assert_close(state[b], states.ssm[b, i], atol=TOL, rtol=0)
 
 
+def test_keeps_every_tensor_on_the_inputs_device():
+    """Under a ``meta`` default device CPU inputs give the same CPU paths, outputs and state: no
+    tensor is created on the default device (on a GPU server the default is the CPU)."""
+    gen = torch.Generator().manual_seed(5)
+    parents = torch.tensor([random_parents(gen, 9, 4, 0.2) for _ in range(2)])
+    q, k, v, g, beta, s0 = recurrence_inputs(gen, 2, 9, 2, 4, 8, 8)
+
+    def run():
+        paths = tree_paths(parents)
+        path = paths[:, int(parents[0].argmax())]  # a real node's root path in row 0
+        return (
+            paths,
+            tree_paths(parents, width=3),
+            tree_gated_delta_rule(q, k, v, g, beta, parents, s0),
+            replay_path_state(k, v, g, beta, path, s0),
+        )
+
+    want = run()
+    with torch.device("meta"):
+        got = run()
+    for a, b in zip(want, got, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
 def test_bad_inputs_are_refused_with_the_value():
     gen = torch.Generator().manual_seed(0)
     q, k, v, g, beta, s0 = recurrence_inputs(gen, 2, 5, 2, 4, 8, 6)
     parents = torch.tensor([[-1, 0, 0, 1, -1]] * 2)
     args = dict(q=q, k=k, v=v, g=g, beta=beta, parents=parents, initial_state=s0)
     cases = {
+        r"^k must be \[bs, N, Hk, K\] and v \[bs, N, Hv, V\]; got k \(2, 5, 2\), v \(2, 5, 4, 6\)$": dict(
+            k=k[..., 0]
+        ),
         "q must have k's shape": dict(q=q[:, :, :1]),
         "key heads must divide": dict(
             v=torch.zeros(2, 5, 3, 6), g=g[..., :3], beta=beta[..., :3], initial_state=s0[:, :3]
@@ -253,9 +282,13 @@ def test_bad_inputs_are_refused_with_the_value():
             tree_gated_delta_rule(**{**args, **change})
     with pytest.raises(ValueError, match="padding slot"):
         tree_gated_delta_rule(**{**args, "parents": torch.tensor([[-1, 0, -1, 2, 1]] * 2)})
-    for bad in ([[0, 5, -1]] * 2, [[0, -1, 2]] * 2, [[0, -2, -1]] * 2):
-        with pytest.raises(ValueError, match="path entries must be node indices in"):
-            replay_path_state(k, v, g, beta, torch.tensor(bad), s0)
+    for bad in ([0, 5, -1], [0, -1, 2], [0, -2, -1]):  # row 1 bad, row 0 valid
+        with pytest.raises(ValueError) as refused:
+            replay_path_state(k, v, g, beta, torch.tensor([[0, 1, -1], bad]), s0)
+        assert str(refused.value) == (
+            "path entries must be node indices in [0, 5) followed only by -1 padding; "
+            f"row 1 is {bad}"
+        )
     with pytest.raises(ValueError, match="path must be an int32/int64"):
         replay_path_state(k, v, g, beta, torch.tensor([0, 1]), s0)
 

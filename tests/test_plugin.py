@@ -9,7 +9,9 @@ removing a check or moving its boundary by one fails a test.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from importlib.metadata import entry_points
 from types import SimpleNamespace
 
@@ -261,8 +263,24 @@ def test_config_from_spec():
     assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 0.75)
     for missing in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
         bad = SimpleNamespace(**{**vars(spec), missing: None})
-        with pytest.raises(RuntimeError, match="handle_server_args did not run"):
+        with pytest.raises(RuntimeError) as refused:
             DDTreeConfig.from_spec(bad, environ={})
+        assert str(refused.value) == (
+            "DDTREE: speculative_dflash_block_size / speculative_num_draft_tokens are unset in the "
+            "spec config; handle_server_args did not run for this server."
+        )
+    # the environment it is given, not the process's
+    assert DDTreeConfig.from_spec(spec, environ={ENV_TOPK: "4"}).topk_per_depth == 4
+
+
+def test_runtime_config_reads_the_published_spec(monkeypatch):
+    import sglang.srt.runtime_context as runtime_context
+
+    spec = SimpleNamespace(speculative_dflash_block_size=4, speculative_num_draft_tokens=9)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.delenv(ENV_TOPK, raising=False)
+    monkeypatch.delenv(ENV_TREE_TEMPERATURE, raising=False)
+    assert config.runtime_config() == DDTreeConfig(4, 9, 8, 0.75)
 
 
 def test_verify_widths(monkeypatch):
@@ -274,9 +292,34 @@ def test_verify_widths(monkeypatch):
 # ------------------------------------------------------------- server args
 
 
+@contextlib.contextmanager
+def _plugin_log_messages():
+    """The messages the plug-in logs at INFO and above, caught on its own logger
+    (``prepare_server_args`` replaces the root logger's handlers, pytest's among them)."""
+    log = logging.getLogger("sglang_spec.plugin")
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 @pytest.mark.usefixtures("loaded")
 def test_valid_defaults(models):
-    cfg, sa = _resolve(models, backend=None)
+    with _plugin_log_messages() as messages:
+        cfg, sa = _resolve(models, backend=None)
+    assert messages == [
+        "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a per-request "
+        "mask: one of ('flashinfer', 'fa3', 'triton')).",
+        "DDTREE resolved: block_size=8 (horizon 7), budget=7, verify width=8, K per depth=7, "
+        "tree temperature=0.75, simulated acceptance=None, attention=flashinfer.",
+    ]
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_num_draft_tokens == 8  # budget = block - 1
@@ -290,10 +333,17 @@ def test_valid_defaults(models):
 
 
 @pytest.mark.usefixtures("loaded")
-def test_valid_budget(models):
-    cfg, sa = _resolve(
-        models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
-    )
+def test_valid_budget(models, monkeypatch):
+    monkeypatch.setenv(config.ENV_SIMULATE_ACC_LEN, "2.5")
+    monkeypatch.setenv(ENV_TREE_TEMPERATURE, "0.5")
+    with _plugin_log_messages() as messages:
+        cfg, sa = _resolve(
+            models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
+        )
+    assert messages == [
+        "DDTREE resolved: block_size=8 (horizon 7), budget=32, verify width=33, K per depth=32, "
+        "tree temperature=0.5, simulated acceptance=2.5, attention=flashinfer."
+    ]
     assert cfg.speculative_num_draft_tokens == 33
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_eagle_topk == 32
@@ -323,51 +373,126 @@ def test_refused_switches(models, flag):
         _resolve(models, flag)
 
 
-# (refused: extra args, _resolve kwargs, message) -- (accepted neighbour: extra args, kwargs)
+# (refused: extra args, _resolve kwargs, the whole message) -- (accepted neighbour: extra args,
+# kwargs). A message is compared whole, `{name}` standing for the path of models[name]: each one
+# names the flag, the value and what is valid.
+WIDTH_VALID = "valid: 2..1024."
+BACKEND_VALID = "valid: flashinfer, fa3, triton."
 BOUNDARIES = {
     "draft path": (
-        ((), {"draft": None}, "requires --speculative-draft-model-path"),
+        (
+            (),
+            {"draft": None},
+            "DDTREE requires --speculative-draft-model-path (a DFlash drafter); none was given.",
+        ),
         ((), {}),
     ),
-    "pp size": ((("--pp-size", "2"), {}, "only --pp-size 1"), (("--pp-size", "1"), {})),
+    "pp size": (
+        (
+            ("--pp-size", "2"),
+            {},
+            "DDTREE supports only --pp-size 1 (no pipeline parallelism); got --pp-size 2.",
+        ),
+        (("--pp-size", "1"), {}),
+    ),
     "threshold single": (
-        (("--speculative-accept-threshold-single", "0.99"), {}, "threshold-single=0.99.*lossy"),
+        (
+            ("--speculative-accept-threshold-single", "0.99"),
+            {},
+            "DDTREE does not support --speculative-accept-threshold-single=0.99: thresholds below "
+            "1 are lossy; valid: 1.0 (the default).",
+        ),
         (("--speculative-accept-threshold-single", "1.0"), {}),
     ),
     "threshold acc": (
-        (("--speculative-accept-threshold-acc", "0.99"), {}, "threshold-acc=0.99.*lossy"),
+        (
+            ("--speculative-accept-threshold-acc", "0.99"),
+            {},
+            "DDTREE does not support --speculative-accept-threshold-acc=0.99: thresholds below 1 "
+            "are lossy; valid: 1.0 (the default).",
+        ),
         (("--speculative-accept-threshold-acc", "1.0"), {}),
     ),
     "draft window": (
-        (("--speculative-draft-window-size", "1"), {}, "draft-window-size=1 "),
+        (
+            ("--speculative-draft-window-size", "1"),
+            {},
+            "DDTREE does not support --speculative-draft-window-size=1 (a compact drafter KV "
+            "cache); leave it unset.",
+        ),
         ((), {}),
     ),
     "PD disaggregation": (
-        (("--disaggregation-mode", "prefill"), {}, "disaggregation-mode prefill"),
+        (
+            ("--disaggregation-mode", "prefill"),
+            {},
+            "DDTREE does not support PD disaggregation: --disaggregation-mode prefill; valid: null "
+            "(the default).",
+        ),
         (("--disaggregation-mode", "null"), {}),
     ),
     "block flag <= 0": (
-        (("--speculative-dflash-block-size", "0"), {}, "block-size=0 must be a positive"),
+        (
+            ("--speculative-dflash-block-size", "0"),
+            {},
+            "--speculative-dflash-block-size=0 must be a positive integer (the drafter's block "
+            "size).",
+        ),
         (("--speculative-dflash-block-size", "8"), {}),
     ),
+    # 1 is positive: it passes the flag check and meets the block >= 2 one
+    "block flag 1": (
+        (
+            ("--speculative-dflash-block-size", "1"),
+            {"draft": "draft1"},
+            "DDTREE needs a drafter block size >= 2 (a horizon of at least one depth); got block "
+            "size 1.",
+        ),
+        (("--speculative-dflash-block-size", "2"), {"draft": "draft2"}),
+    ),
     "block flag above the drafter's": (
-        (("--speculative-dflash-block-size", "9"), {}, "block-size=9 disagrees.*valid: 8"),
+        (
+            ("--speculative-dflash-block-size", "9"),
+            {},
+            "--speculative-dflash-block-size=9 disagrees with the drafter config's block_size=8; "
+            "valid: 8 (the drafter was trained for it).",
+        ),
         (("--speculative-dflash-block-size", "8"), {}),
     ),
     "block flag below the drafter's": (
-        (("--speculative-dflash-block-size", "7"), {}, "block-size=7 disagrees.*valid: 8"),
+        (
+            ("--speculative-dflash-block-size", "7"),
+            {},
+            "--speculative-dflash-block-size=7 disagrees with the drafter config's block_size=8; "
+            "valid: 8 (the drafter was trained for it).",
+        ),
         (("--speculative-dflash-block-size", "8"), {}),
     ),
     "block unknown": (
-        ((), {"draft": "draft_noblock"}, "could not determine the drafter block size"),
+        (
+            (),
+            {"draft": "draft_noblock"},
+            "DDTREE could not determine the drafter block size: the drafter config has no "
+            "block_size; pass --speculative-dflash-block-size B.",
+        ),
         (("--speculative-dflash-block-size", "8"), {"draft": "draft_noblock"}),
     ),
     "block < 2": (
-        ((), {"draft": "draft1"}, "block size >= 2.*got block size 1"),
+        (
+            (),
+            {"draft": "draft1"},
+            "DDTREE needs a drafter block size >= 2 (a horizon of at least one depth); got block "
+            "size 1.",
+        ),
         ((), {"draft": "draft2"}),
     ),
     "budget < 1": (
-        (("--speculative-num-draft-tokens", "1"), {"draft": "draft2"}, "leaves no draft node"),
+        (
+            ("--speculative-num-draft-tokens", "1"),
+            {"draft": "draft2"},
+            "--speculative-num-draft-tokens=1 leaves no draft node: it is the verify width 1 + "
+            f"budget and the budget must be >= 1; {WIDTH_VALID}",
+        ),
         (("--speculative-num-draft-tokens", "2"), {"draft": "draft2"}),
     ),
     # (the default --mamba-track-interval 256 would refuse both: see the mamba case)
@@ -375,38 +500,82 @@ BOUNDARIES = {
         (
             ("--speculative-num-draft-tokens", "1025", "--mamba-track-interval", "2048"),
             {},
-            "=1025 exceeds.*limit of 1024",
+            "--speculative-num-draft-tokens=1025 exceeds the tree kernels' limit of 1024 tokens "
+            f"(budget 1024 > 1023); {WIDTH_VALID}",
         ),
         (("--speculative-num-draft-tokens", "1024", "--mamba-track-interval", "1024"), {}),
     ),
     "decode backend": (
-        ((), {"backend": "torch_native"}, "per-request tree mask; got 'torch_native'"),
+        (
+            (),
+            {"backend": "torch_native"},
+            "DDTREE tree verify needs an attention backend that takes a per-request tree mask; "
+            f"got 'torch_native'; {BACKEND_VALID}",
+        ),
         ((), {"backend": "triton"}),
     ),
     "decode backend (trtllm)": (
-        ((), {"backend": "trtllm_mha"}, "per-request tree mask; got 'trtllm_mha'"),
+        (
+            (),
+            {"backend": "trtllm_mha"},
+            "DDTREE tree verify needs an attention backend that takes a per-request tree mask; "
+            f"got 'trtllm_mha'; {BACKEND_VALID}",
+        ),
         ((), {"backend": "fa3"}),
     ),
     "prefill backend": (
-        (("--prefill-attention-backend", "torch_native"), {}, "prefill attention backend"),
+        (
+            ("--prefill-attention-backend", "torch_native"),
+            {},
+            "DDTREE tree verify needs the prefill attention backend to take a per-request tree "
+            f"mask too; got --prefill-attention-backend 'torch_native'; {BACKEND_VALID}",
+        ),
         (("--prefill-attention-backend", "triton"), {}),
     ),
-    "page size": ((("--page-size", "2"), {}, "--page-size 1"), (("--page-size", "1"), {})),
+    "page size": (
+        (
+            ("--page-size", "2"),
+            {},
+            "DDTREE requires --page-size 1 (accepted tree nodes are compacted token by token in "
+            "the KV cache); got --page-size 2.",
+        ),
+        (("--page-size", "1"), {}),
+    ),
     "unified memory": (
-        (("--enable-unified-memory",), {}, "--enable-unified-memory"),
+        (
+            ("--enable-unified-memory",),
+            {},
+            "DDTREE does not support --enable-unified-memory; run without it.",
+        ),
         ((), {}),
     ),
     "mamba track interval": (
-        (("--mamba-track-interval", "7"), {}, "track-interval=7 is below.*width 8"),
+        (
+            ("--mamba-track-interval", "7"),
+            {},
+            "--mamba-track-interval=7 is below the DDTREE verify width 8; valid: >= 8 (hybrid "
+            "linear-attention targets).",
+        ),
         (("--mamba-track-interval", "8"), {}),
     ),
     "drafter not DFlash": (
-        ((), {"draft": "target"}, "needs a DFlash drafter"),
+        (
+            (),
+            {"draft": "target"},
+            "DDTREE needs a DFlash drafter; --speculative-draft-model-path='{target}' declares "
+            "architectures=['Qwen3ForCausalLM'].",
+        ),
         ((), {}),
     ),
     # (SGLang itself reads the drafter config first, without the override arguments)
     "drafter config unreadable": (
-        (("--json-model-override-args", "{bad"), {}, "could not read the DFlash drafter config"),
+        (
+            ("--json-model-override-args", "{bad"),
+            {},
+            "DDTREE could not read the DFlash drafter config at "
+            "--speculative-draft-model-path='{draft8}': JSONDecodeError: Expecting property name "
+            "enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
         (("--json-model-override-args", "{}"), {}),
     ),
 }
@@ -416,8 +585,9 @@ BOUNDARIES = {
 @pytest.mark.parametrize("case", list(BOUNDARIES))
 def test_refusal_boundaries(models, case):
     (bad_args, bad_kw, msg), (good_args, good_kw) = BOUNDARIES[case]
-    with pytest.raises(DDTreeConfigError, match=msg):
+    with pytest.raises(DDTreeConfigError) as refused:
         _resolve(models, *bad_args, **bad_kw)
+    assert str(refused.value) == msg.format(**models)
     cfg, _ = _resolve(models, *good_args, **good_kw)
     assert cfg.speculative_algorithm == "DDTREE"
 
@@ -425,8 +595,14 @@ def test_refusal_boundaries(models, case):
 @pytest.mark.usefixtures("loaded", "unpatched")
 def test_small_width_needs_the_reserve_patch(models, monkeypatch):
     # B = 8: the unpatched reserve 2N must cover the block, so N = 4 is the smallest width.
-    with pytest.raises(DDTreeConfigError, match="num-draft-tokens=3 is too small.*>= 4"):
+    with pytest.raises(DDTreeConfigError) as refused:
         _resolve(models, "--speculative-num-draft-tokens", "3")
+    assert str(refused.value) == (
+        "--speculative-num-draft-tokens=3 is too small for drafter block size 8: SGLang 0.5.23 "
+        "reserves 2*speculative_num_draft_tokens KV slots per request per decode step "
+        "(dflash_info_v2.py:147) and the draft block needs 8; valid: >= 4, or any width after "
+        "`sglang-spec patch apply` (patches/0.5.23/0001, docs/plugin-design.md P3)."
+    )
     cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "4")
     assert cfg.speculative_num_draft_tokens == 4
     monkeypatch.setattr(config, "applied_patches", lambda: (config.RESERVE_PATCH,))
@@ -468,6 +644,30 @@ def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
     assert _resolve(models)[0].enable_linear_replayssm_spec is False
 
 
+def test_applied_patches_only_when_the_installed_state_is_applied(monkeypatch):
+    """The series counts only when every file of the installed tree is patched; a partial,
+    foreign or unreadable tree counts as nothing applied."""
+    from types import SimpleNamespace
+
+    from sglang_spec.patching import core
+
+    series = ("0001-a.patch", "0002-b.patch")
+    monkeypatch.setattr(core, "locate", lambda _d: "tree")
+    monkeypatch.setattr(core, "detect_version", lambda _t: ("0.5.23", "file"))
+    monkeypatch.setattr(core, "load_patch_set", lambda _d, _v: SimpleNamespace(series=list(series)))
+    for state in (core.APPLIED, core.NOT_APPLIED, core.PARTIAL, core.FOREIGN):
+        monkeypatch.setattr(
+            core, "inspect_state", lambda _t, _p, s=state: SimpleNamespace(overall=s)
+        )
+        assert config.applied_patches() == (series if state == core.APPLIED else ())
+
+    def unreadable(_d):
+        raise core.PatchingError("no SGLang install found")
+
+    monkeypatch.setattr(core, "locate", unreadable)
+    assert config.applied_patches() == ()
+
+
 @pytest.mark.usefixtures("loaded")
 def test_topk_env(models, monkeypatch):
     # budget 16: K in 1..16
@@ -498,9 +698,12 @@ def test_tree_temperature_env(models, monkeypatch):
     assert config.parse_tree_temperature(None) == config.parse_tree_temperature(" ") == 0.75
     for bad in ("0", "-2", "nan", "inf", "warm"):
         monkeypatch.setenv(ENV_TREE_TEMPERATURE, bad)
-        with pytest.raises(DDTreeConfigError, match=f"TREE_TEMPERATURE={bad!r} is not valid") as e:
+        with pytest.raises(DDTreeConfigError) as refused:
             _resolve(models)
-        assert "\n" not in str(e.value) and "default 0.75" in str(e.value)
+        assert str(refused.value) == (
+            f"SGLANG_DDTREE_TREE_TEMPERATURE={bad!r} is not valid: the tree temperature must be a "
+            "finite number > 0 (1 = the drafter's own distribution, < 1 sharpens it; default 0.75)."
+        )
 
 
 @pytest.mark.usefixtures("loaded")
@@ -898,13 +1101,24 @@ def test_simulated_acceptance_env():
     for off in ("", "0", "-1"):
         assert build(**{ENV_SIMULATE_ACC_LEN: off}).simulated_accept_len is None
     assert build(**{ENV_SIMULATE_ACC_LEN: "3.5"}).simulated_accept_len == 3.5
+    assert build(**{ENV_SIMULATE_ACC_LEN: "0.5"}).simulated_accept_len == 0.5  # on: any n > 0
     on = {ENV_SIMULATE_ACC_LEN: "3.5", ENV_SIMULATE_ACC_TOKEN_MODE: "fixed"}
     assert build(**on).simulated_accept_len == 3.5
-    with pytest.raises(DDTreeConfigError, match="SIMULATE_ACC_LEN='fast' is not a number"):
+    for unset in ("", " "):  # an empty mode is the default, fixed
+        assert build(**{**on, ENV_SIMULATE_ACC_TOKEN_MODE: unset}).simulated_accept_len == 3.5
+    with pytest.raises(DDTreeConfigError) as refused:
         build(**{ENV_SIMULATE_ACC_LEN: "fast"})
+    assert str(refused.value) == (
+        "SGLANG_SIMULATE_ACC_LEN='fast' is not a number; it sets the forced tokens per step of a "
+        "benchmark; valid: a number > 0, or <= 0 / unset for off."
+    )
     real = {**on, ENV_SIMULATE_ACC_TOKEN_MODE: "real-draft-token"}
-    with pytest.raises(DDTreeConfigError, match="'real-draft-token' is not supported.*fixed"):
+    with pytest.raises(DDTreeConfigError) as refused:
         build(**real)
+    assert str(refused.value) == (
+        "SGLANG_SIMULATE_ACC_TOKEN_MODE='real-draft-token' is not supported by DDTREE (SGLang "
+        "simulates real draft tokens for chains only, eagle_utils.py:818); valid: fixed."
+    )
     # the mode only matters when the simulation is on
     assert build(**{**real, ENV_SIMULATE_ACC_LEN: "-1"}).simulated_accept_len is None
 
@@ -1007,5 +1221,9 @@ def test_stage_times_env(tmp_path):
     good = tmp_path / "s.jsonl"
     assert build(**{ENV_STAGE_TIMES: str(good)}).stage_times_path == str(good)
     for bad in (tmp_path / "missing" / "s.jsonl", tmp_path):
-        with pytest.raises(DDTreeConfigError, match="STAGE_TIMES=.* cannot be written"):
+        with pytest.raises(DDTreeConfigError) as refused:
             build(**{ENV_STAGE_TIMES: str(bad)})
+        assert str(refused.value) == (
+            f"SGLANG_DDTREE_STAGE_TIMES={str(bad)!r} cannot be written: valid: a file path in an "
+            "existing directory (one JSON line per decode step is appended to it)."
+        )

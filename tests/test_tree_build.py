@@ -196,6 +196,13 @@ def test_draft_topk_ties_sorted_by_id():
     _, ids = draft_topk(x, 4)
     assert ids[0, 0].tolist() == [5, 0, 1, 2]
     assert ids[0, 1].tolist() == [0, 2, 4, 6]
+    # a real vocabulary size, where torch's unstable CPU sort does reorder ties: the CPU keeps
+    # the lowest ids among the tokens tied at the k-th value
+    x = torch.randint(0, 3, (2, 3, 4096), generator=torch.Generator().manual_seed(3)).float()
+    _, ids = draft_topk(x, 64)
+    for b in range(2):
+        for d in range(3):
+            assert ids[b, d].tolist() == (x[b, d] == 2).nonzero().flatten()[:64].tolist()
 
 
 # ----------------------------------------------------------------------------------------
@@ -399,20 +406,66 @@ def test_build_neginf_tokens_never_selected():
 
 
 def test_build_nan_logits_raise():
-    x = torch.randn(2, 3, 4)
-    x[1, 2, 0] = float("nan")
-    with pytest.raises(ValueError, match="(?i)nan"):
-        build_ddtree(x, 4, torch.tensor([0, 0]))
+    """Both entry points name the requests whose logits (or log-probs) hold NaN."""
+    x = torch.randn(3, 3, 4)
+    x[1, 2, 0] = x[2, 0, 3] = float("nan")
+    roots = torch.tensor([0, 0, 0])
+    with pytest.raises(ValueError) as bad:
+        build_ddtree(x, 4, roots)
+    assert str(bad.value) == (
+        "draft_logits contain NaN for request(s) [1, 2]; the drafter produced invalid logits"
+    )
+    logq, ids = draft_topk(torch.randn(3, 3, 4), 4)
+    logq[2, 1, 0] = float("nan")
+    with pytest.raises(ValueError) as bad:
+        build_ddtree_from_topk(logq, ids, 4, roots)
+    assert str(bad.value) == (
+        "draft log-probs contain NaN for request(s) [2]; the drafter produced invalid logits"
+    )
 
 
-@pytest.mark.parametrize("budget", [0, -1])
+def test_build_keeps_every_tensor_on_the_logits_device_not_the_default():
+    """Under a ``meta`` default device CPU logits give the same CPU trees (plain, chain-inclusive
+    and the chain): no tensor is created on the default device (on a GPU server the default is the
+    CPU and the logits are on CUDA)."""
+    x, roots = make_logits(9, 3, 4, 6), torch.tensor([1, 2, 3])
+
+    def build():
+        return [
+            build_ddtree(x, 9, roots, include_chain=False),
+            build_ddtree(x, 9, roots, temperature=0.5),
+            build_chain(x, roots),
+        ]
+
+    want = build()
+    with torch.device("meta"):
+        got = build()
+    for w, g in zip(want, got, strict=True):
+        for name in ("tokens", "parents", "depths", "scores", "num_nodes"):
+            assert getattr(g, name).device.type == "cpu", name
+        assert_same_tree(w, g)
+
+
+@pytest.mark.parametrize("budget", [0, -1, True, 2.5, "3"])
 def test_build_bad_budget_raises(budget):
     x = torch.randn(1, 2, 4)
-    with pytest.raises(ValueError):
+    message = (
+        f"budget must be an integer >= 1 (number of draft nodes, root excluded); got {budget!r}"
+    )
+    with pytest.raises(ValueError) as bad:
         build_ddtree(x, budget, torch.tensor([0]))
+    assert str(bad.value) == message
     logq, ids = draft_topk(x, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as bad:
         build_ddtree_from_topk(logq, ids, budget, torch.tensor([0]))
+    assert str(bad.value) == message
+
+
+def test_build_refuses_root_tokens_of_another_batch():
+    logq, ids = draft_topk(torch.randn(2, 2, 4), 2)
+    with pytest.raises(ValueError) as bad:
+        build_ddtree_from_topk(logq, ids, 3, torch.tensor([0, 1, 2]))
+    assert str(bad.value) == "root_tokens must be [bs=2]; got shape (3,)"
 
 
 def assert_batch_is_per_row(tree: DraftTree, x, budget, roots, **kw) -> None:

@@ -18,6 +18,7 @@ from sglang_spec.tree import (
     TreeMaskMode,
     WalkResult,
     build_ddtree,
+    sample_target_tokens,
     sglang_tree_abi,
     walk_greedy,
     walk_sample,
@@ -203,6 +204,87 @@ def test_walk_sample_degenerate_filters_equal_greedy(kw):
         assert torch.equal(res.accepted, greedy.accepted)
         assert torch.equal(res.accept_len, greedy.accept_len)
         assert torch.equal(res.bonus, greedy.bonus)
+
+
+def test_temperature_zero_rows_take_the_argmax():
+    """``sample_target_tokens``' own greedy rows (T = 0, alone or beside sampled rows)."""
+    f, tree, _ = random_case(4, 2, 6, 3, 5)
+    logits = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(4)) * 3
+    greedy = walk_greedy(tree, logits.argmax(-1))
+    res = walk_sample(tree, logits, 0.0, top_p=0.5, top_k=2)
+    assert torch.equal(res.target_tokens, greedy.target_tokens)
+    assert torch.equal(res.accepted, greedy.accepted) and torch.equal(res.bonus, greedy.bonus)
+    mixed = sample_target_tokens(logits, torch.tensor([1.0, 0.0]))  # top_p and top_k default off
+    assert torch.equal(mixed[1], logits[1].argmax(-1))
+
+
+def test_top_k_zero_is_off_and_top_p_stops_at_the_prefix_reaching_it():
+    """``top_k <= 0`` disables top-k (0 as well as -1); top-p keeps the smallest sorted prefix
+    whose mass reaches top_p, so a token whose preceding mass equals top_p exactly is out."""
+    logits = torch.tensor([0.5, 0.0, -1.0]).expand(1, 256, 3)
+    off = sample_target_tokens(logits, 1.0, top_k=-1, generator=_gen())
+    assert torch.equal(sample_target_tokens(logits, 1.0, top_k=0, generator=_gen()), off)
+    assert 0 < int((off != 0).sum()) < 256  # unfiltered draws leave the argmax
+    probs = logits[0, 0].softmax(-1)  # already sorted; the sampler's own float32 arithmetic
+    mass_before_second = float((probs.cumsum(-1) - probs)[1])
+    only_first = sample_target_tokens(logits, 1.0, top_p=mass_before_second, generator=_gen())
+    assert bool((only_first == 0).all())
+
+
+def test_bad_arguments_are_named():
+    """Each refusal names the argument, its value and what is valid; the boundary values pass."""
+    f, tree, _ = random_case(0, 2, 4, 2, 5)  # bs 2, N 5
+    logits = torch.randn(2, 5, 5)
+
+    def refused(call, message):
+        with pytest.raises(ValueError) as bad:
+            call()
+        assert str(bad.value) == message
+
+    refused(
+        lambda: walk_greedy(tree, torch.zeros(2, 4, dtype=torch.long)),
+        "target_tokens must be [bs, N] = (2, 5); got (2, 4)",
+    )
+    for shape in ((2, 5), (2, 4, 5), (1, 5, 5)):  # 2-D with the tree's [bs, N]; a wrong [bs, N]
+        refused(
+            lambda shape=shape: walk_sample(tree, torch.zeros(shape), 1.0),
+            f"target_logits must be [bs, N, V] with [bs, N] = (2, 5); got {shape}",
+        )
+    for name in ("temperature", "top_p", "top_k"):
+        kw = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, name: torch.ones(3)}
+        refused(
+            lambda kw=kw: walk_sample(tree, logits, **kw),
+            f"{name} must be a scalar or a [bs=2] tensor; got shape (3,)",
+        )
+    for kw, message in (
+        (dict(temperature=-0.5), "temperature must be >= 0; got [-0.5, -0.5]"),
+        (dict(temperature=torch.tensor([1.0, -1.0])), "temperature must be >= 0; got [1.0, -1.0]"),
+        (dict(temperature=1.0, top_p=0.0), "top_p must be in (0, 1]; got [0.0, 0.0]"),
+        (dict(temperature=1.0, top_p=1.5), "top_p must be in (0, 1]; got [1.5, 1.5]"),
+    ):
+        refused(lambda kw=kw: walk_sample(tree, logits, **kw), message)
+    for kw in (dict(temperature=0.0), dict(temperature=1.0, top_p=1.0), dict(temperature=1.0)):
+        walk_sample(tree, logits, **kw)  # the accepted neighbours (and the default top_p)
+    sample_target_tokens(logits, 1.0)
+
+
+def test_walks_keep_every_tensor_on_the_inputs_device_not_the_default():
+    """Under a ``meta`` default device, CPU inputs give the same CPU walk: no tensor is created on
+    the default device (on a GPU server the default is the CPU and the inputs are on CUDA)."""
+    f, tree, tgt = random_case(2, 3, 6, 3, 4)
+    logits = torch.randn(3, 7, 4, generator=torch.Generator().manual_seed(2)) * 3
+    kw = dict(temperature=torch.tensor([0.7, 0.0, 1.3]), top_p=0.9, top_k=3)
+    want = (walk_greedy(tree, tgt), walk_sample(tree, logits, generator=_gen(), **kw))
+    with torch.device("meta"):
+        got = (walk_greedy(tree, tgt), walk_sample(tree, logits, generator=_gen(), **kw))
+    for w, g in zip(want, got, strict=True):
+        for name in ("accepted", "accept_len", "bonus", "target_tokens"):
+            a, b = getattr(w, name), getattr(g, name)
+            assert b.device.type == "cpu" and torch.equal(a, b), name
+
+
+def _gen():
+    return torch.Generator().manual_seed(0)
 
 
 def test_walk_sample_respects_support():
