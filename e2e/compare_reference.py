@@ -16,8 +16,8 @@ import re
 
 import torch
 
-from sglang_spec.plugin.config import DEFAULT_TREE_TEMPERATURE
 from sglang_spec.reference import generate, tiny_pair
+from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE
 
 
 def main() -> None:

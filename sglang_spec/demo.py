@@ -26,6 +26,7 @@ from sglang_spec.cli_args import (
     int_range,
     nonempty,
     nonneg_float,
+    positive_float,
     positive_int,
     probability,
     usage_error,
@@ -33,6 +34,7 @@ from sglang_spec.cli_args import (
 from sglang_spec.plugin import MAX_VERIFY_WIDTH
 from sglang_spec.reference import METHODS
 from sglang_spec.reference.tiny_pair import FIXTURES, PAIRS, heldout_prompts, load_pair
+from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE
 
 PROG = "sglang-spec demo"
 
@@ -67,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int_range(1, MAX_VERIFY_WIDTH - 1),
         default=64,
         help="DDTREE draft nodes per step (verify width = budget + 1)",
+    )
+    p.add_argument(
+        "--tree-temperature",
+        type=positive_float,
+        default=DEFAULT_TREE_TEMPERATURE,
+        help="DDTREE ranks its tree by the drafter's distribution at this temperature (the "
+        "server's SGLANG_DDTREE_TREE_TEMPERATURE default; lossless at any value)",
     )
     p.add_argument(
         "--max-new-tokens",
@@ -149,6 +158,7 @@ def run(args) -> int:
                 ids,
                 m,
                 budget=args.budget,
+                tree_temperature=args.tree_temperature,
                 max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature,
                 top_p=args.top_p,

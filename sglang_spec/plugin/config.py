@@ -16,7 +16,7 @@ processes, which inherit the launcher's environment.
   the value that makes the best-first tree optimal). A smaller K shrinks the per-depth top-k and
   its TP all-gather at a possible cost in tree quality.
 * ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: the tree temperature, a server option: finite, ``> 0``
-  (default :data:`DEFAULT_TREE_TEMPERATURE` = 0.75). The tree ranks prefixes by
+  (default ``sglang_spec.tree.DEFAULT_TREE_TEMPERATURE`` = 0.75). The tree ranks prefixes by
   ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
   verified); tau < 1 moves budget from siblings to depth (docs/plugin-design.md §2). The default
   is measured (benchmarks/results/chain_inclusive.md, chain-inclusive trees, reference engine,
@@ -70,8 +70,6 @@ ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 # draft_token_num <= 1024). The verify width must stay inside it.
 MAX_VERIFY_WIDTH = 1024
 
-# SGLANG_DDTREE_TREE_TEMPERATURE when unset (module docstring: the measurement behind it).
-DEFAULT_TREE_TEMPERATURE = 0.75
 
 # Target attention backends whose TARGET_VERIFY path takes a per-request FULL_MASK custom mask
 # (EagleVerifyInput.custom_mask): the list SGLang uses for topk > 1 trees
@@ -389,7 +387,7 @@ def parse_topk(raw: str | None, *, budget: int) -> int:
 
 def parse_tree_temperature(raw: str | None) -> float:
     """tau from ``SGLANG_DDTREE_TREE_TEMPERATURE`` (unset or empty: the default, 0.75)."""
-    from sglang_spec.tree import check_tree_temperature
+    from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE, check_tree_temperature
 
     if raw is None or raw.strip() == "":
         return DEFAULT_TREE_TEMPERATURE

@@ -5,6 +5,7 @@ the device on CUDA. The API contract is documented in docs/tree-api.md.
 """
 
 from .build import (
+    DEFAULT_TREE_TEMPERATURE,
     build_chain,
     build_ddtree,
     build_ddtree_from_topk,
@@ -28,6 +29,7 @@ __all__ = [
     "build_chain",
     "build_ddtree",
     "build_ddtree_from_topk",
+    "DEFAULT_TREE_TEMPERATURE",
     "check_tree_temperature",
     "draft_topk",
     "merge_sharded_topk",

@@ -70,6 +70,12 @@ def _canonical_order(logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tenso
     return logq_sorted, ids_sorted.gather(-1, perm)
 
 
+# The tree temperature DDTREE serves with unless told otherwise (the plug-in's
+# SGLANG_DDTREE_TREE_TEMPERATURE, the demo, the e2e comparison): measured in
+# benchmarks/results/chain_inclusive.md -- with chain-inclusive trees 0.75 matches or beats 1.
+DEFAULT_TREE_TEMPERATURE = 0.75
+
+
 def check_tree_temperature(temperature: float) -> float:
     """The tree temperature must be a finite number > 0 (1 = the drafter's own distribution)."""
     t = float(temperature)
