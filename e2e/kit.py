@@ -227,19 +227,29 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
 
 
 # ------------------------------------------------------------------------------------ HTTP
-def call(url: str, body: dict | list | None = None, timeout: float = 10.0):
-    """GET (no body) or POST JSON to a loopback server; the decoded JSON answer (None if empty)."""
-    req = urllib.request.Request(
+def _request(url: str, body: dict | list | None) -> urllib.request.Request:
+    return urllib.request.Request(
         url,
         data=None if body is None else json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with _DIRECT.open(req, timeout=timeout) as r:
+
+
+def call(url: str, body: dict | list | None = None, timeout: float = 10.0):
+    """GET (no body) or POST JSON to a loopback server; the decoded JSON answer (None if empty), or
+    the text of an answer that is not JSON (e.g. ``/metrics``)."""
+    with _DIRECT.open(_request(url, body), timeout=timeout) as r:
         raw = r.read()
     try:
         return json.loads(raw) if raw.strip() else None
     except json.JSONDecodeError:
         return raw.decode(errors="replace")
+
+
+def open_stream(url: str, body: dict, timeout: float = 300.0):
+    """POST JSON to a loopback server and return the open response, to read line by line (a
+    streaming ``/generate``); closing it ends the request from the client's side."""
+    return _DIRECT.open(_request(url, body), timeout=timeout)
 
 
 # ------------------------------------------------------------------------------------ server log

@@ -14,6 +14,10 @@ for ``/health``, sends greedy requests one by one and then concurrently, plus sa
 (T > 0), and stops the server.
 With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) and writes the
 comparison report and plots (``loadtests.compare``) under ``<out>/report``.
+With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
+:mod:`e2e.slots` (N concurrent streams, a quarter aborted mid-stream, the KV and mamba pools' free
+counts before = after, a clean log; the servers get ``--enable-metrics``), prints its table, writes
+``<out>/slots_<server>.json`` and keeps the server's log when it fails.
 It writes ``e2e.json`` (texts, token ids, meta_info per request) and prints a table: for every
 server, whether its greedy output is identical to the AR server's, tokens per verify step
 (``completion_tokens / spec_verify_ct``), the acceptance histogram, and the wall time. Without
@@ -35,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e import kit
+from e2e import kit, slots
 from sglang_spec.serving.configs import ServerConfig
 from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
@@ -131,10 +135,11 @@ def run_server(label, cfg, prompts, args):
     try:
         with srv:
             res["start_s"] = srv.start_s
-            exercise(res, srv.url, prompts, args, label)
+            exercise(res, srv, prompts, args, label)
         res["ok"] = True
     except (
         kit.ServerFailed,
+        kit.HarnessError,
         OSError,
         KeyError,
         TypeError,
@@ -152,14 +157,16 @@ def run_server(label, cfg, prompts, args):
             + "\n".join(lines[-args.log_tail :]),
             flush=True,
         )
-    else:  # only failed servers keep their log (the device returns few files)
-        log_path.unlink()
+    elif res.get("slots", {}).get("ok") is not False:  # the device returns few files: only
+        log_path.unlink()  # failed servers and failed slot checks keep their log
     return res
 
 
-def exercise(res, url, prompts, args, label):
-    """Greedy requests one by one and concurrently, sampled requests, optional distribution samples and
-    load-test sweep against the server at ``url``; results go into ``res``."""
+def exercise(res, srv, prompts, args, label):
+    """Greedy requests one by one and concurrently, sampled requests, optional distribution samples,
+    load-test sweep and no-slots-lost check against the running server ``srv``; results go into
+    ``res``."""
+    url = srv.url
     t1 = time.time()
     res["greedy"] = [generate(url, pr, args.max_new_tokens) for pr in prompts]
     res["greedy_s"] = round(time.time() - t1, 2)
@@ -220,6 +227,12 @@ def exercise(res, url, prompts, args, label):
         )
     except (OSError, KeyError, IndexError, TypeError) as e:
         res["server_info_accept"] = f"{type(e).__name__}"
+    if args.abort_check:  # last: it waits for an idle server and judges the log since its start
+        res["slots"] = slots.check(url, srv.log_path, prompts, args.abort_check, args.abort_tokens)
+        Path(args.out, f"slots_{label.replace('+', '_')}.json").write_text(
+            json.dumps(res["slots"], indent=1)
+        )
+        print(f"no slots lost, {label}:\n{slots.table(res['slots'])}", flush=True)
 
 
 def agreement(outputs: list[dict], reference: list[dict] | None) -> str:
@@ -310,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
         help="e2e.json of an earlier run whose AR server's greedy texts serve as "
         "reference when this run has no AR server",
     )
+    ap.add_argument(
+        "--abort-check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="end each server with the no-slots-lost check (e2e/slots.py): N concurrent streams, "
+        "a quarter aborted mid-stream, pool free counts before = after, no errors in the log",
+    )
+    ap.add_argument(
+        "--abort-tokens",
+        type=int,
+        default=128,
+        help="max_new_tokens of the --abort-check streams (long enough to abort mid-stream)",
+    )
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--log-tail", type=int, default=60)
     ap.add_argument(
@@ -328,6 +355,16 @@ def main(argv: list[str] | None = None) -> int:
         specs = args.servers.split(",")
         for spec in specs:
             parse_server(spec)
+        if args.abort_check < 0 or (args.abort_check and args.abort_check < slots.ABORT_EVERY):
+            raise kit.HarnessError(
+                f"--abort-check {args.abort_check}: give 0 (off) or at least "
+                f"{slots.ABORT_EVERY} streams (a quarter of them are aborted)"
+            )
+        if args.abort_tokens <= slots.ABORT_AFTER_CHUNKS:
+            raise kit.HarnessError(
+                f"--abort-tokens {args.abort_tokens}: give more than {slots.ABORT_AFTER_CHUNKS} "
+                "(the aborts come after that many chunks)"
+            )
         baseline = load_baseline(args.baseline) if args.baseline else None
         if args.target is None:
             args.target, args.drafter = build_kit_pair()
@@ -351,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"=== {spec}", flush=True)
             # +patched stays applied for later servers
             patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
-            extra = dict(args.server_arg or [])
+            # the slots check reads the pools from /metrics
+            metrics = {"enable-metrics": True} if args.abort_check else {}
+            extra = {**metrics, **dict(args.server_arg or [])}
             cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs, extra)
             results.append(run_server(spec, cfg, prompts, args))
             if patch_report:
@@ -371,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
             check=False,
         )
-    return 0 if all(r["ok"] for r in results) else 1
+    return 0 if all(r["ok"] and r.get("slots", {}).get("ok", True) for r in results) else 1
 
 
 def load_baseline(path: str) -> dict:

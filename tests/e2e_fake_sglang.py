@@ -4,9 +4,14 @@ It serves what the harnesses read from a real server -- the scheduler's capacity
 lines, ``/health``, ``/flush_cache``, ``/server_info``, batched and single ``/generate`` (ids or
 text) with SGLang's ``meta_info`` counts, ``/start_profile`` writing a Kineto-like decode trace, and
 the DDTREE per-stage file when ``SGLANG_DDTREE_STAGE_TIMES`` is set -- and appends its argv and the
-environment it was given to ``$FAKE_CALLS`` (one JSON line per start). Knobs: ``FAKE_CAP`` (SGLang
-caps max_running_requests to it), ``FAKE_CRASH=<ALGORITHM>`` (that server dies at start),
-``FAKE_STEP_MS`` (time per decode step).
+environment it was given to ``$FAKE_CALLS`` (one JSON line per start). Streaming ``/generate``
+(one chunk per step, SGLang's ``data:`` lines), ``/abort_request`` and, with ``--enable-metrics``,
+``/metrics`` with the KV and mamba pool gauges serve the no-slots-lost check (``e2e/slots.py``): a
+stream holds its prompt + output tokens and one mamba slot; a finished one leaves its tokens and slot
+radix-cached (evictable), an aborted one (closed stream or abort_request) frees them. Knobs:
+``FAKE_CAP`` (SGLang caps max_running_requests to it), ``FAKE_CRASH=<ALGORITHM>`` (that server dies
+at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an aborted stream never
+returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +43,33 @@ WIDTH = int(flag("--speculative-num-draft-tokens", 16 if ALGORITHM else 1))
 ACC = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", 1))
 STEP_S = float(os.environ.get("FAKE_STEP_MS", 2)) / 1000
 PROFILE: dict = {}
+LEAK = os.environ.get("FAKE_LEAK", "")
+POOL = {"kv_available": 90000, "kv_evictable": 0, "mamba_evictable": 0, "running": 0}
+POOL_LOCK = threading.Lock()
+ABORTED: set[str] = set()
+
+
+def metrics() -> str:
+    """The pool gauges as SGLang's Prometheus text writes them (plus a per-priority sample)."""
+    with POOL_LOCK:
+        used_kv = 90000 - POOL["kv_available"] - POOL["kv_evictable"]
+        used_mamba = POOL["mamba_total"] - POOL["mamba_available"] - POOL["mamba_evictable"]
+        values = {
+            "num_running_reqs": POOL["running"],
+            "num_queue_reqs": 0,
+            "kv_available_tokens": POOL["kv_available"],
+            "kv_evictable_tokens": POOL["kv_evictable"],
+            "kv_used_tokens": used_kv,
+            "mamba_available_tokens": POOL["mamba_available"],
+            "mamba_evictable_tokens": POOL["mamba_evictable"],
+            "mamba_used_tokens": used_mamba,
+        }
+    labels = 'model_name="fake",engine_type="unified"'
+    lines = []
+    for name, v in values.items():
+        lines += [f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{labels}}} {float(v)}"]
+    lines.append(f'sglang:num_running_reqs{{{labels},priority="1"}} 7.0')
+    return "\n".join(lines) + "\n"
 
 
 def trace(folder: str, prefix: str, steps: int) -> None:
@@ -85,6 +118,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/metrics" and "--enable-metrics" in argv:
+            data = metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         if self.path == "/server_info":
             return self._send(200, {"internal_states": [{"avg_spec_accept_length": ACC}]})
         self._send(200 if self.path == "/health" else 404, {})
@@ -93,6 +132,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/flush_cache":
             return self._send(200, {})
+        if self.path == "/abort_request":
+            ABORTED.add(body["rid"])
+            return self._send(200, {})
+        if self.path == "/generate" and body.get("stream"):
+            return self._stream(body)
         if self.path == "/start_profile":
             PROFILE.update(body)
             return self._send(200, {})
@@ -119,6 +163,46 @@ class Handler(http.server.BaseHTTPRequestHandler):
         outs = [{"text": "x" * n, "output_ids": [7] * n, "meta_info": meta} for _ in prompts]
         self._send(200, outs if batch else outs[0])
 
+    def _stream(self, body: dict) -> None:
+        """One streaming request: a chunk per step until its tokens are out or it is aborted."""
+        n = body["sampling_params"]["max_new_tokens"]
+        held = len(body["text"]) // 4 + 1 + n  # prompt + output tokens
+        with POOL_LOCK:
+            POOL["kv_available"] -= held
+            POOL["mamba_available"] -= 1
+            POOL["running"] += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        aborted = closed = False
+        done = 0
+        while done < n and not aborted:
+            time.sleep(STEP_S)
+            done += 1
+            aborted = body["rid"] in ABORTED
+            reason = {"type": "abort"} if aborted else {"type": "length"} if done == n else None
+            chunk = {
+                "text": "x" * done,
+                "meta_info": {"completion_tokens": done, "finish_reason": reason},
+            }
+            try:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):  # the client closed the stream
+                aborted = closed = True
+        if not closed:
+            self.wfile.write(b"data: [DONE]\n\n")
+        with POOL_LOCK:
+            POOL["running"] -= 1
+            if not aborted:  # the radix cache keeps the finished request
+                POOL["kv_evictable"] += held
+                POOL["mamba_evictable"] += 1
+            else:
+                POOL["kv_available"] += 0 if LEAK == "kv" else held
+                POOL["mamba_available"] += 0 if LEAK == "mamba" else 1
+        if aborted and os.environ.get("FAKE_ABORT_TRACEBACK"):
+            print("Traceback (most recent call last):\n  ValueError: fake abort", flush=True)
+
     def log_message(self, *args):
         pass
 
@@ -134,6 +218,7 @@ if __name__ == "__main__":
     MAX_RUNNING = int(flag("--max-running-requests", 48))
     if config["model_type"] == "qwen3_5_text":
         print("[fake] Mamba Cache is allocated. max_mamba_cache_size: 7, conv_state size: 0.1GB")
+    POOL["mamba_total"] = POOL["mamba_available"] = 3 * MAX_RUNNING
     cap = int(os.environ.get("FAKE_CAP", MAX_RUNNING))
     if cap < MAX_RUNNING:
         print(f"[fake] max_running_requests is capped to {cap} by the mamba state cache")

@@ -182,3 +182,71 @@ def test_agreement_counts_prompt_by_prompt_against_a_longer_baseline():
     assert agreement([{"text": t} for t in "abXd"], ref) == "3/4"
     assert agreement([{"text": t} for t in "ab"], ref[:1]) == "1/2 (1 without a reference)"
     assert agreement([{"text": "a"}], None) == "-"
+
+
+SLOTS = ("ddtree16", "--abort-check", "8", "--abort-tokens", "16")
+
+
+def test_no_slots_lost_passes_when_the_pools_come_back(tmp_path, monkeypatch, capsys, sglang_parse):
+    """8 streams, 2 aborted mid-stream (one closed, one by /abort_request): the finished ones move
+    their slots to the radix cache (evictable), the aborted ones free theirs, so free = available +
+    evictable is back to its value before."""
+    assert _main(tmp_path, monkeypatch, *SLOTS) == 0
+    res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
+    assert res["ok"] and res["problems"] == []
+    assert res["aborted"] == {"close": 1, "abort_request": 1}
+    by_way = {o["abort"]: o for o in res["streams"]}
+    assert by_way["abort_request"]["finish_reason"] == "abort"
+    assert by_way["close"]["completion_tokens"] == 2
+    assert sum(o["completion_tokens"] == 16 for o in res["streams"]) == 6
+    b, a = res["before"], res["after"]
+    for pool in ("kv", "mamba"):
+        assert a[pool]["free"] == b[pool]["free"] and a[pool]["used"] == 0
+    assert a["mamba"]["evictable"] - b["mamba"]["evictable"] == 6  # only the finished ones
+    assert a["kv"]["available"] < b["kv"]["available"]
+    run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
+    assert run["slots"]["ok"] and sglang_parse(run["cmd"].split()[2:]).enable_metrics
+    out = capsys.readouterr().out
+    assert "| mamba | " in out and "**PASS**" in out
+    assert not list((tmp_path / "out").glob("server_*.log"))
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"FAKE_LEAK": "kv"}, "kv pool: "),
+        ({"FAKE_LEAK": "mamba"}, "mamba pool: "),
+        ({"FAKE_ABORT_TRACEBACK": "1"}, "log: Traceback (most recent call last)"),
+    ],
+)
+def test_no_slots_lost_fails_on_a_leaked_slot_or_a_traceback(
+    tmp_path, monkeypatch, capsys, env, problem
+):
+    monkeypatch.setattr("e2e.slots.SETTLE_S", 1.0)  # the fake's gauges are never stale
+    assert _main(tmp_path, monkeypatch, *SLOTS, **env) == 1
+    res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
+    assert not res["ok"]
+    assert [p for p in res["problems"] if p.startswith(problem)] == res["problems"]
+    assert "**FAIL**" in capsys.readouterr().out
+    assert (tmp_path / "out" / "server_ddtree16.log").exists()  # kept for the diagnosis
+
+
+def test_no_slots_lost_needs_the_metrics_gauges(tmp_path, monkeypatch, capsys):
+    assert _main(tmp_path, monkeypatch, *SLOTS, "--server-arg", "enable-metrics=") == 1
+    run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
+    assert "start the server with --enable-metrics" in run["error"]
+    assert "| ddtree16 | FAILED |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--abort-check", "3"), "--abort-check 3: give 0 (off) or at least 4 streams"),
+        (("--abort-check", "-1"), "--abort-check -1: give 0 (off) or at least 4 streams"),
+        (("--abort-check", "8", "--abort-tokens", "2"), "--abort-tokens 2: give more than 2"),
+    ],
+)
+def test_abort_check_refuses_bad_input(tmp_path, monkeypatch, capsys, flags, message):
+    assert _main(tmp_path, monkeypatch, "ddtree16", *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists()
