@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GDN tree ReplaySSM (issue 14: patches 0002 + 0003, --enable-linear-replayssm-spec) on the lent
 # H200. Run from the repo root with the GPU kit carried, one part per 10-minute call (session 4:
-# the tiny pair's server alone takes ~190 s to become healthy -- prefill graphs 47 s, verify graphs
+# the tiny pair's server took ~190 s to become healthy -- prefill graphs 47 s (now off: kit.graph_args), verify graphs
 # at width 65 84 s -- and the 27B server 152 s plus a 45 s serving-time conv-kernel compile):
 #   source .gpu-kit/setup.sh && PARTS=tiny OUT=$OUT bash e2e/h200_gdn_tree.sh
 #   source .gpu-kit/setup.sh && PARTS=scale SCALE_LIMIT_S=560 SCALE_BUDGET_S=540 OUT=$OUT bash e2e/h200_gdn_tree.sh
 #  1. `sglang-spec patch apply` on the kit's SGLang (the series: 0001, 0002, 0003);
 #  2. the tiny hybrid pair, DDTREE(64) with the flag, CUDA graphs for decode batches up to GRAPH_BS
-#     (default 4: capture at width 65 costs ~36 s per batch size), larger batches eager: greedy texts = AR (the session-3 AR run as baseline; first 6 prompts) sequentially and
+#     (default 4: capture at width 65 cost 84 s for bs 1-4), larger batches eager: greedy texts = AR (the session-3 AR run as baseline; first 6 prompts) sequentially and
 #     16 concurrently, tokens per verify step (python -m e2e.tiny_pair; judge every prompt on the CPU
 #     in fp32 with python -m e2e.compare_reference <OUT>/e2e/e2e.json --pair hybrid); then no slots
 #     lost (issue 14 item 5, e2e/slots.py): 64 concurrent streams of 128 tokens, 16 aborted

@@ -43,7 +43,7 @@ def _old_flags(name: str, graph_bs: int) -> dict:
     kit_flags = KIT["SGLANG_KIT_FLAGS"].split()
     if graph_bs:
         kit_flags = [f for f in kit_flags if f != "--disable-cuda-graph"]
-        kit_flags += ["--cuda-graph-max-bs-decode", str(graph_bs)]
+        kit_flags += ["--cuda-graph-max-bs-decode", str(graph_bs), "--disable-prefill-cuda-graph"]
     spec = KIT["SGLANG_KIT_SPEC_FLAGS"].split() if name != "ar" else []
     return kit.parse_flags(kit_flags + spec + OLD_SPEC_FLAGS[name].split())
 
