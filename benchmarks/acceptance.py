@@ -97,11 +97,17 @@ def run(args) -> int:
             )
     _print_table(rows, args)
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        settings["fixtures"] = os.path.relpath(args.fixtures)  # no machine paths in results
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "rows": rows}, f, indent=1)
+        write_json(args, rows)
     return 0
+
+
+def write_json(args, rows) -> None:
+    """``{"settings": the arguments, "rows": rows}`` to ``args.json`` (the fixtures directory
+    relative: no machine paths in committed results)."""
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    settings["fixtures"] = os.path.relpath(args.fixtures)
+    with open(args.json, "w") as f:
+        json.dump({"settings": settings, "rows": rows}, f, indent=1)
 
 
 def _print_table(rows, args) -> None:

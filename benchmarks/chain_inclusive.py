@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
-import os
 import sys
 import time
 import warnings
 from unittest import mock
 
+from benchmarks.acceptance import write_json
 from sglang_spec.reference.tiny_pair import FIXTURES
 
 
@@ -226,10 +225,7 @@ def main(argv=None) -> int:
         rows = measure(args)
     print_tables(rows, args)
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        settings["fixtures"] = os.path.relpath(args.fixtures)  # no machine paths in results
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "rows": rows}, f, indent=1)
+        write_json(args, rows)
     return 0
 
 
