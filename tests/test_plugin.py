@@ -822,9 +822,12 @@ def test_verify_input_from_tree():
     cfg = DDTreeConfig(block_size=L + 1, verify_width=n, topk_per_depth=3, tree_temperature=1.0)
     seq_lens = torch.tensor([5, 9])
     total = int(seq_lens.sum())
-    vi = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total)
+    vi = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, with_paths=True)
     abi = tree_mod.sglang_tree_abi(tree, seq_lens, seq_lens_sum=total)
     assert vi.draft_token_num == n and vi.max_tree_depth == L + 1 and vi.tree_topk == -1
+    # without the GDN tree ReplaySSM nothing reads the path table: it is not built
+    no_paths = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total)
+    assert no_paths.retrieve_tree_paths is None
     assert vi.topk == 3 and vi.seq_lens_sum == total
     for f in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         t = getattr(vi, f)
@@ -1227,3 +1230,29 @@ def test_stage_times_env(tmp_path):
             f"SGLANG_DDTREE_STAGE_TIMES={str(bad)!r} cannot be written: valid: a file path in an "
             "existing directory (one JSON line per decode step is appended to it)."
         )
+
+
+def test_tree_stage_builds_the_path_table_only_for_the_gdn_tree_replayssm():
+    """tree_stage runs every decode step: the path table (a gather per depth) is built only when
+    the server runs the GDN tree ReplaySSM, whose verify is the only reader."""
+    from sglang_spec.plugin.worker import DDTreeWorker
+    from sglang_spec.tree import draft_topk
+
+    torch.manual_seed(0)
+    worker = object.__new__(DDTreeWorker)
+    worker.config = DDTreeConfig(
+        block_size=5, verify_width=7, topk_per_depth=3, tree_temperature=1.0
+    )
+    worker._target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None))
+    )
+    batch = SimpleNamespace(seq_lens=torch.tensor([5, 9]), seq_lens_sum=14, seq_lens_cpu=None)
+    logq, ids = draft_topk(torch.randn(2, 4, 30), 3)
+    for flag in (False, True):
+        worker.server_args = SimpleNamespace(enable_linear_replayssm_spec=flag)
+        tree, vi = worker.tree_stage(batch, logq, ids, torch.tensor([1, 2]))
+        if flag:
+            assert vi.retrieve_tree_paths.shape == (2, 7, 5)
+            assert vi.retrieve_tree_paths[:, :, 0].eq(0).all()  # every path starts at the root
+        else:
+            assert vi.retrieve_tree_paths is None

@@ -6,7 +6,8 @@ SGLang ABI every decode step (:func:`verify_input_from_tree`), and the CUDA-grap
 placeholder a target graph is captured with (no ABI: the ``retrieve_*`` buffers are filled at
 replay). Importing this module imports SGLang.
 
-Both also carry ``retrieve_tree_paths`` (``[bs, N, D + 1]`` int32 with ``D = min(L, budget)`` =
+Both also carry, when the server runs the GDN tree ReplaySSM (``--enable-linear-replayssm-spec``),
+``retrieve_tree_paths`` (``[bs, N, D + 1]`` int32 with ``D = min(L, budget)`` =
 ``spec_steps``, the width of the backend's per-bs graph buffer; node ``i``'s root-first path of
 node indices, ``-1`` padded: ``sglang_spec.gdn.tree_paths`` with ``width = D + 1``, built on the
 device without a host read), which the GDN tree ReplaySSM verify of patch 0002 reads
@@ -100,11 +101,13 @@ def verify_input_from_tree(
     seq_lens_sum: int | None = None,
     mask_buffer: torch.Tensor | None = None,
     seq_lens_cpu: torch.Tensor | None = None,
+    with_paths: bool = False,
 ) -> DDTreeVerifyInput:
     """The SGLang tree ABI of ``tree``, packed into a DDTreeVerifyInput.
 
     With ``mask_buffer`` (the target backend's VerifyMask buffer, which CUDA graphs capture) the
-    mask is written in place when it fits, as ``build_eagle_verify_input`` does.
+    mask is written in place when it fits, as ``build_eagle_verify_input`` does. ``with_paths``
+    adds ``retrieve_tree_paths``, which only the GDN tree ReplaySSM verify reads.
     """
     mode = TreeMaskMode.FULL_MASK if mask_mode is None else TreeMaskMode(int(mask_mode))
     abi = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=seq_lens_sum)
@@ -117,7 +120,7 @@ def verify_input_from_tree(
         width=int(tree.tokens.shape[1]),
         custom_mask=mask,
         abi=abi,
-        parents=tree.parents,
+        parents=tree.parents if with_paths else None,
         seq_lens_sum=seq_lens_sum,
         seq_lens_cpu=seq_lens_cpu,
     )

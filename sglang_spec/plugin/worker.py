@@ -357,6 +357,7 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_sum=seq_lens_sum,
             mask_buffer=vm.buffer if (vm is not None and vm.fits(bs)) else None,
             seq_lens_cpu=batch.seq_lens_cpu,
+            with_paths=self.server_args.enable_linear_replayssm_spec,
         )
 
     def verify_stage(self, batch, verify_input, grammar_barrier=None) -> Verified:
