@@ -44,8 +44,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for server in json.load(open(args.e2e_json)):
-        m = re.fullmatch(r"(dflash|ddtree)(\d*)(\+graphs)?", server["label"])
-        if not server.get("ok") or m is None:
+        # labels like ddtree64+graphs+patched+replayssm; a server whose greedy runs finished counts
+        # even if a later check of the same server (e.g. no slots lost) failed
+        m = re.fullmatch(r"(dflash|ddtree)(\d*)((?:\+[\w-]+)*)", server["label"])
+        if m is None or not server.get("greedy"):
             continue
         method, budget = m.group(1), int(m.group(2) or 0)
         sg_tokens = sum(g["meta"]["completion_tokens"] for g in server["greedy"])

@@ -11,7 +11,10 @@ stream holds its prompt + output tokens and one mamba slot; a finished one leave
 radix-cached (evictable), an aborted one (closed stream or abort_request) frees them. Knobs:
 ``FAKE_CAP`` (SGLang caps max_running_requests to it), ``FAKE_CRASH=<ALGORITHM>`` (that server dies
 at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an aborted stream never
-returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback).
+returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback),
+``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
+on the H200 kit). ``/abort_request`` aborts every stream whose rid starts with the given one, as
+SGLang 0.5.23's scheduler does.
 """
 
 from __future__ import annotations
@@ -179,7 +182,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         while done < n and not aborted:
             time.sleep(STEP_S)
             done += 1
-            aborted = body["rid"] in ABORTED
+            # SGLang's /abort_request matches rids by prefix (scheduler.py: rid.startswith)
+            aborted = any(body["rid"].startswith(a) for a in ABORTED)
             reason = {"type": "abort"} if aborted else {"type": "length"} if done == n else None
             chunk = {
                 "text": "x" * done,
@@ -214,6 +218,8 @@ if __name__ == "__main__":
     if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
         print("RuntimeError: CUDA out of memory", flush=True)
         sys.exit(3)
+    if os.environ.get("FAKE_START_TRACEBACK"):
+        print("Traceback (most recent call last):\n  ConnectionRefusedError: freeze_gc", flush=True)
     config = json.loads(Path(flag("--model-path"), "config.json").read_text())
     MAX_RUNNING = int(flag("--max-running-requests", 48))
     if config["model_type"] == "qwen3_5_text":
@@ -228,5 +234,7 @@ if __name__ == "__main__":
         f"max_running_requests={MAX_RUNNING}, context_len=4096, available_gpu_mem=12.50 GB",
         flush=True,
     )
+    # a listen backlog for the no-slots-lost check's concurrent streams (the default 5 resets some)
+    http.server.ThreadingHTTPServer.request_queue_size = 128
     server = http.server.ThreadingHTTPServer((flag("--host"), int(flag("--port"))), Handler)
     server.serve_forever()

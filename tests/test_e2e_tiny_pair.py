@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import kit, tiny_pair
+from e2e import kit, slots, tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "sglang_spec" / "fixtures" / "tiny-pair"
@@ -209,6 +209,27 @@ def test_no_slots_lost_passes_when_the_pools_come_back(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     assert "| mamba | " in out and "**PASS**" in out
     assert not list((tmp_path / "out").glob("server_*.log"))
+
+
+def test_no_slots_lost_looks_only_at_the_log_of_the_load(tmp_path, monkeypatch):
+    """A traceback logged at start-up (SGLang's post-warm-up /freeze_gc on the kit) is not the
+    load's: the check passes; one logged during the load fails it (the parametrized test below)."""
+    assert _main(tmp_path, monkeypatch, *SLOTS, FAKE_START_TRACEBACK="1") == 0
+    res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
+    assert res["ok"] and res["log_errors"] == 0
+
+
+def test_no_slots_lost_aborts_only_the_aborted_streams_of_many(tmp_path, monkeypatch):
+    """48 streams: SGLang's /abort_request aborts by rid PREFIX, so ids like slots-4 / slots-41
+    would abort streams the check did not mean to (session 5 on the H200); fixed-width ids do not."""
+    many = ("ddtree16", "--abort-check", "48", "--abort-tokens", "64")
+    assert _main(tmp_path, monkeypatch, *many, FAKE_STEP_MS="10") == 0
+    res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
+    assert res["ok"], res["problems"]
+    assert res["aborted"] == {"close": 6, "abort_request": 6}
+    assert sum(o["completion_tokens"] == 64 for o in res["streams"]) == 36
+    assert slots.rid(4, 48) == "slots-04" and slots.rid(41, 48) == "slots-41"
+    assert slots.rid(7, 8) == "slots-7" and slots.rid(100, 101) == "slots-100"
 
 
 @pytest.mark.parametrize(
