@@ -5,8 +5,9 @@ Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
     $SGLANG_KIT_PYTHON -m e2e.tiny_pair --out $OUT [--target DIR --drafter DIR] [--servers ar,dflash,ddtree16,...]
 
 A server is ``ar``, ``nextn``, ``dflash`` or ``ddtree<budget>``, optionally ``+graphs`` (CUDA graphs
-for decode batches up to ``--graph-bs``; otherwise eager) and ``+patched`` (``sglang-spec patch
-apply`` on SGLang first; stays applied for later servers). Its flags come from
+for decode batches up to ``--graph-bs``; otherwise eager), ``+patched`` (``sglang-spec patch
+apply`` on SGLang first; stays applied for later servers), ``+replayssm``
+(``--enable-linear-replayssm-spec``) and ``+nooverlap`` (``--disable-overlap-schedule``). Its flags come from
 ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
 It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
@@ -85,10 +86,10 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
     name, *mods = spec.split("+")
     m = re.fullmatch(r"(ar|nextn|dflash)|ddtree([1-9]\d*)", name)
-    if m is None or set(mods) - {"graphs", "patched", "replayssm"}:
+    if m is None or set(mods) - {"graphs", "patched", "replayssm", "nooverlap"}:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs, +patched and +replayssm"
+            "optional +graphs, +patched, +replayssm and +nooverlap"
         )
     return (m.group(1) or "ddtree", int(m.group(2)) if m.group(2) else None, set(mods))
 
@@ -116,6 +117,8 @@ def server_config(
         )
     if "replayssm" in mods:  # GDN tree ReplaySSM (patches 0002/0003: combine with +patched)
         ours["enable-linear-replayssm-spec"] = True
+    if "nooverlap" in mods:
+        ours["disable-overlap-schedule"] = True
     graphs = kit.graph_args(graph_bs if "graphs" in mods else 0)
     speculative = cfg.algorithm in kit.SPECULATIVE
     return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})

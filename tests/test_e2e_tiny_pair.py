@@ -93,6 +93,15 @@ def test_replayssm_server_turns_the_flag_on(sglang_parse, monkeypatch):
         assert sa.speculative_num_draft_tokens == 65
 
 
+def test_nooverlap_server_turns_overlap_scheduling_off(sglang_parse, monkeypatch):
+    monkeypatch.chdir(REPO)
+    for spec, off in (("ddtree16+graphs+nooverlap", True), ("ddtree16+graphs", False)):
+        cfg = tiny_pair.server_config(
+            spec, str(PAIR / "hybrid"), str(PAIR / "hybrid-dflash"), block=16, graph_bs=4
+        )
+        assert sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:]).disable_overlap_schedule is off
+
+
 @pytest.mark.parametrize("bad", ["eagle", "ddtree", "ddtree0", "ddtree16+fast", "AR", ""])
 def test_unknown_server_names_are_refused(bad):
     with pytest.raises(kit.HarnessError, match="valid: ar, nextn, dflash, ddtree<budget>"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import replace
 from importlib.metadata import entry_points
 from types import SimpleNamespace
 
@@ -325,7 +326,7 @@ def test_valid_defaults(models):
     assert cfg.speculative_num_draft_tokens == 8  # budget = block - 1
     assert cfg.speculative_num_steps == 1
     assert cfg.speculative_eagle_topk == 7
-    assert cfg.disable_overlap_schedule is True
+    assert cfg.disable_overlap_schedule is False  # SGLang's overlap scheduler, as for DFLASH
     assert cfg.enable_mixed_chunk is False
     assert cfg.attention_backend == "flashinfer"  # declared when none is given
     assert cfg.speculative_draft_attention_backend is not None  # upstream DFLASH handling ran
@@ -809,6 +810,17 @@ def test_budget_by_batch_size_refusals(models, tmp_path):
 
 
 @pytest.mark.usefixtures("loaded")
+def test_overlap_scheduling_is_supported_and_left_to_the_user(models):
+    """DDTREE registers with overlap support (SGLang refuses overlap for an algorithm without it,
+    and calls non-overlap plug-ins deprecated); --disable-overlap-schedule still turns it off."""
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    assert get_spec("DDTREE").supports_overlap is True
+    cfg, _ = _resolve(models, "--disable-overlap-schedule")
+    assert cfg.disable_overlap_schedule is True
+
+
+@pytest.mark.usefixtures("loaded")
 def test_verify_input_from_tree():
     from sglang_spec import tree as tree_mod
     from sglang_spec.plugin.verify_input import verify_input_from_tree
@@ -859,10 +871,22 @@ def test_verify_input_from_tree():
     vi2 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=buf)
     assert vi2.custom_mask is buf
     assert torch.equal(buf[: vi.custom_mask.numel()].bool(), vi.custom_mask)
-    # ... but never into one too small for it.
+    # ... without the host-side sum, which SGLang's overlap scheduler does not provide ...
+    buf.zero_()
+    vi4 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=None, mask_buffer=buf)
+    assert vi4.custom_mask is buf and torch.equal(
+        buf[: vi.custom_mask.numel()].bool(), abi.tree_mask
+    )
+    assert not buf[vi.custom_mask.numel() :].any()
+    # ... and never past the end of one too small for it.
     small = torch.zeros(vi.custom_mask.numel() - 1, dtype=torch.uint8)
-    vi3 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=small)
-    assert vi3.custom_mask is not small and not small.any()
+    with pytest.raises(ValueError, match=rf"^out holds {small.numel()} mask entries; this batch's"):
+        verify_input_from_tree(tree, seq_lens, cfg, mask_buffer=small)
+    assert not small.any()
+    with pytest.raises(
+        ValueError, match=r"^out must be a flat buffer of torch.bool or torch.uint8"
+    ):
+        verify_input_from_tree(tree, seq_lens, cfg, mask_buffer=torch.zeros(10_000))
 
 
 STAGES = ("draft", "topk", "tree", "verify", "walk", "commit", "append_context")
@@ -986,12 +1010,15 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
     assert w.verify_states[4] == adapter.TargetVerifyState(5, "backend5", "graphs5")
     mr = w.target_worker.model_runner
 
-    def step(bs, accept_index):
+    def launch(bs, accept_index):
         r["walk"] = worker_mod.Walked(torch.zeros(1), torch.ones(bs), torch.tensor(accept_index))
         batch = _decode_batch(DFlashDraftInputV2.create_idle_input(device="cpu"), bs=bs)
-        res = w.forward_batch_generation(batch)
+        return w.forward_batch_generation(batch).speculative_num_draft_tokens
+
+    def step(bs, accept_index):
+        width = launch(bs, accept_index)
         w.on_verify_complete_cpu([0] * bs, batch_size=bs)
-        return res.speculative_num_draft_tokens
+        return width
 
     # 4 requests (bucket 4: budget 3 only): width 4; slots <= 3 accepted: 3 + 2 + 3 + 2 tokens
     assert step(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
@@ -1010,6 +1037,18 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
     assert w.budgets.tau == {3: pytest.approx(0.8 * 2.5 + 0.2 * 2), 4: 3.0}
     # both known: 4 -> 3/11 beats 3 -> 2.4/10
     assert step(1, [[0, 1, -1, -1]]) == 5
+    # Overlap scheduling: the next step is launched before the scheduler reports the previous
+    # one; each report feeds its own step's sums, in launch order.
+    tau = dict(w.budgets.tau)
+    assert launch(1, [[0, 1, 2, 3]]) == 5 and launch(1, [[0, -1, -1, -1]]) == 5
+    w.on_verify_complete_cpu([0], batch_size=1)
+    assert w.budgets.tau[4] == pytest.approx(0.8 * tau[4] + 0.2 * 4)
+    w.on_verify_complete_cpu([0], batch_size=1)
+    assert w.budgets.tau[4] == pytest.approx(0.8 * (0.8 * tau[4] + 0.2 * 4) + 0.2 * 1)
+    assert not w.measured
+    launch(1, [[0, 1, -1, -1]])
+    with pytest.raises(RuntimeError, match="a step of 1 requests measured, results of 2 reported"):
+        w.on_verify_complete_cpu([0, 0], batch_size=2)
     assert [name for name, _ in calls[1:8]] == list(STAGES)
 
 
@@ -1163,6 +1202,7 @@ class _FakeEvent:
     """A CUDA event on a fake GPU clock."""
 
     gpu_ms = 0.0
+    done_ms = float("inf")  # events recorded up to here have completed
     synchronized = 0
 
     def record(self):
@@ -1173,6 +1213,9 @@ class _FakeEvent:
 
     def synchronize(self):
         _FakeEvent.synchronized += 1
+
+    def query(self):  # done once the fake GPU clock has passed it
+        return self.t <= _FakeEvent.done_ms
 
 
 @pytest.mark.usefixtures("loaded")
@@ -1196,9 +1239,11 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
     timer.instrument(worker)
     worker.stage_timer = timer
     spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    _FakeEvent.synchronized, _FakeEvent.done_ms = 0, float("inf")  # each step ends before the next
     worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
-    assert path.read_text() == ""  # read after the step's own sync point: at the next step
+    assert path.read_text() == ""  # written once finished, checked when the next step begins
     worker.forward_batch_generation(_decode_batch(spec_info, bs=3))
+    assert len(path.read_text().splitlines()) == 1 and _FakeEvent.synchronized == 0
     timer.flush()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["bs"], r["width"]) for r in records] == [(2, 5), (3, 5)]
@@ -1207,9 +1252,37 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
         for i, name in enumerate(STAGES):
             assert r["host_ms"][name] == pytest.approx(i + 1)
             assert r["gpu_ms"][name] == pytest.approx(10.0 * (i + 1))
-    assert _FakeEvent.synchronized == 2  # once per step, outside the measured stages
+    assert _FakeEvent.synchronized == 1  # only flush waits
     timer.flush()  # nothing pending: no empty line
     assert len(path.read_text().splitlines()) == 2
+
+
+@pytest.mark.usefixtures("loaded")
+def test_stage_times_never_wait_for_a_running_step(tmp_path):
+    """Overlap scheduling launches step n + 1 before step n has finished on the device: beginning
+    it writes only the steps already finished, without waiting, in launch order."""
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    from sglang_spec.plugin.stage_times import StageTimer
+
+    worker, _ = _staged_worker(
+        [], lambda _name: setattr(_FakeEvent, "gpu_ms", _FakeEvent.gpu_ms + 1)
+    )
+    path = tmp_path / "stages.jsonl"
+    timer = StageTimer(str(path), width=5, new_event=_FakeEvent, clock=lambda: 0.0)
+    timer.instrument(worker)
+    worker.stage_timer = timer
+    spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    _FakeEvent.synchronized, _FakeEvent.done_ms = 0, -1.0  # nothing finishes
+    for bs in (1, 2, 3):
+        worker.forward_batch_generation(_decode_batch(spec_info, bs=bs))
+    assert path.read_text() == "" and _FakeEvent.synchronized == 0
+    _FakeEvent.done_ms = _FakeEvent.gpu_ms - len(STAGES)  # the first two steps have finished
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=4))
+    assert [json.loads(x)["bs"] for x in path.read_text().splitlines()] == [1, 2]
+    assert _FakeEvent.synchronized == 0
+    timer.flush()
+    assert [json.loads(x)["bs"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_stage_times_env(tmp_path):
@@ -1256,3 +1329,98 @@ def test_tree_stage_builds_the_path_table_only_for_the_gdn_tree_replayssm():
             assert vi.retrieve_tree_paths[:, :, 0].eq(0).all()  # every path starts at the root
         else:
             assert vi.retrieve_tree_paths is None
+
+
+@pytest.mark.usefixtures("loaded")
+def test_tree_stage_needs_no_host_lengths_under_overlap():
+    """SGLang's overlap scheduler leaves batch.seq_lens_sum / seq_lens_cpu unset (the Triton
+    backend needs no host copy). tree_stage then writes the mask into the backend's VerifyMask
+    buffer when the batch fits it, else into one sized from the reserved upper bound
+    (nxt_kv_lens_sum), not from a device-to-host sum. Same mask as with the exact sum. (The CPU
+    layout reads the lengths to build the mask; the CUDA kernel does not.)"""
+    from sglang.srt.layers.attention.verify_mask import VerifyMask
+
+    from sglang_spec.plugin.worker import DDTreeWorker
+    from sglang_spec.tree import TreeMaskMode, draft_topk, sglang_tree_abi
+
+    torch.manual_seed(0)
+    worker = object.__new__(DDTreeWorker)
+    worker.config = DDTreeConfig(
+        block_size=5, verify_width=7, topk_per_depth=3, tree_temperature=1.0
+    )
+    worker.server_args = SimpleNamespace(enable_linear_replayssm_spec=False)
+    logq, ids = draft_topk(torch.randn(2, 4, 30), 3)
+    seq_lens = torch.tensor([5, 9])
+    exact = SimpleNamespace(seq_lens=seq_lens, seq_lens_sum=14, seq_lens_cpu=None)
+    overlap = SimpleNamespace(
+        seq_lens=seq_lens,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+        spec_info=SimpleNamespace(nxt_kv_lens_sum=14 + 2 * 2 * 7),
+    )
+    worker._target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None))
+    )
+    tree, want = worker.tree_stage(exact, logq, ids, torch.tensor([1, 2]))
+    assert torch.equal(want.custom_mask, sglang_tree_abi(tree, seq_lens).tree_mask)
+    n_mask = want.custom_mask.numel()
+    # no buffer: one of the upper bound's size, the mask in its leading entries
+    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    assert vi.custom_mask.numel() == (14 + 28) * 7 + 2 * 49
+    assert torch.equal(vi.custom_mask[:n_mask], want.custom_mask)
+    # the backend's buffer (uint8, as SGLang's Triton backend keeps it) when the batch fits
+    buf = torch.zeros(5000, dtype=torch.uint8)
+    vm = VerifyMask(buffer=buf, mode=TreeMaskMode.FULL_MASK, max_bs=2)
+    worker._target_worker.model_runner.attn_backend.verify_mask = vm
+    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    assert vi.custom_mask is buf and torch.equal(buf[:n_mask].bool(), want.custom_mask)
+    # a batch beyond the buffer's max_bs falls back to the bound, not past the buffer's end
+    worker._target_worker.model_runner.attn_backend.verify_mask = VerifyMask(
+        buffer=buf, mode=TreeMaskMode.FULL_MASK, max_bs=1
+    )
+    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    assert vi.custom_mask is not buf and vi.custom_mask.numel() == (14 + 28) * 7 + 2 * 49
+
+
+@pytest.mark.usefixtures("loaded")
+def test_sync_check_wraps_each_decode_step(monkeypatch):
+    """SGLANG_DDTREE_SYNC_CHECK=error: every decode step runs under torch's sync debug mode (the
+    stages see it set), which is reset after the step, also when a stage raises."""
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    seen = []
+    worker, _ = _staged_worker([], lambda name: seen.append((name, modes[-1] if modes else None)))
+    spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    assert modes == [] and all(mode is None for _, mode in seen)  # off: never touched
+    worker.config = replace(worker.config, sync_check="error")
+    seen.clear()
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    assert [name for name, _ in seen] == list(STAGES)
+    assert all(mode == "error" for _, mode in seen) and modes == ["error", 0]
+
+    def boom(*_a):
+        raise RuntimeError("synchronizing operation")
+
+    worker.verify_stage = boom
+    with pytest.raises(RuntimeError, match="synchronizing operation"):
+        worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    assert modes[-1] == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [(None, None), ("", None), ("warn", "warn"), ("error", "error")]
+)
+def test_sync_check_env(raw, want):
+    env = {} if raw is None else {"SGLANG_DDTREE_SYNC_CHECK": raw}
+    assert DDTreeConfig.build(block_size=8, verify_width=8, environ=env).sync_check == want
+
+
+def test_sync_check_env_refuses_other_modes():
+    with pytest.raises(
+        ValueError,
+        match=r"^SGLANG_DDTREE_SYNC_CHECK='on' is not a mode; valid: warn, error \(or unset: off\)\.$",
+    ):
+        DDTreeConfig.build(block_size=8, verify_width=8, environ={"SGLANG_DDTREE_SYNC_CHECK": "on"})

@@ -129,6 +129,13 @@ def test_abi_random_trees(mode, bs, B, L, V):
         assert_abi_equal(abi, O.oracle_abi(f, seq_lens, int(mode)), mode, N, bs, seq_lens)
         abi2 = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=int(seq_lens.sum()))
         assert_abi_equal(abi2, O.oracle_abi(f, seq_lens, int(mode)), mode, N, bs, seq_lens)
+        # into a caller's larger buffer (the backend's VerifyMask), no host-side sum
+        n = abi.tree_mask.numel()
+        dtype = torch.uint8 if abi.tree_mask.dtype == torch.bool else abi.tree_mask.dtype
+        out = torch.full((n + 9,), 3, dtype=dtype)
+        abi3 = sglang_tree_abi(tree, seq_lens, mode=mode, out=out)
+        assert abi3.tree_mask is out and (out[n:] == 3).all()
+        assert torch.equal(out[:n], abi.tree_mask.to(dtype))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -75,6 +75,16 @@ def check_kernels_match_torch(device: str) -> None:
                 "tree_mask",
             ]:
                 assert torch.equal(getattr(c, f), getattr(g, f).cpu()), (mode, f)
+            # into a larger (uint8 for the bool modes, as SGLang's Triton backend keeps it)
+            # buffer, no host-side sum: the leading entries are the mask, the rest untouched
+            n_mask = c.tree_mask.numel()
+            buf = torch.full(
+                (n_mask + 50,), 7, dtype=torch.uint8 if mode < 2 else c.tree_mask.dtype
+            )
+            g = tk.tree_layout(tree, on(seq), TreeMaskMode(mode), None, on(buf))
+            got_mask = g.tree_mask.cpu()
+            assert torch.equal(got_mask[:n_mask], c.tree_mask.to(got_mask.dtype)), mode
+            assert (got_mask[n_mask:] == 7).all(), mode
         for _ in range(3):
             tgt = torch.randint(0, V, (bs, B + 1))
             follow = torch.rand(bs, B + 1) < 0.6

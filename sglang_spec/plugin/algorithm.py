@@ -134,7 +134,7 @@ def register() -> None:
 
         if get_spec(ALGORITHM_NAME) is None:
             SpeculativeAlgorithm.register(
-                ALGORITHM_NAME, supports_overlap=False, spec_class=_make_spec_class()
+                ALGORITHM_NAME, supports_overlap=True, spec_class=_make_spec_class()
             )(worker_factory)
         from sglang_spec.plugin.hooks import register_hooks
 

@@ -38,6 +38,10 @@ processes, which inherit the launcher's environment.
   ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed`` (the default) is supported.
 * ``SGLANG_DDTREE_STAGE_TIMES=/path/file.jsonl``: append per-stage host and GPU times of every
   decode step there (``sglang_spec.plugin.stage_times``; profiling only).
+* ``SGLANG_DDTREE_SYNC_CHECK=warn|error``: run every decode step under
+  ``torch.cuda.set_sync_debug_mode`` (a warning, or an error, at each operation that makes the host
+  wait for the GPU; checking only: a step must have none, so that overlap scheduling can hide its
+  host work).
 
 :func:`handle_server_args` runs in the launcher inside SGLang's
 ``handle_speculative_decoding``, before any model loads: every refusal is a
@@ -65,6 +69,8 @@ ENV_TREE_TEMPERATURE = "SGLANG_DDTREE_TREE_TEMPERATURE"
 ENV_SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
 ENV_SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
 ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
+ENV_SYNC_CHECK = "SGLANG_DDTREE_SYNC_CHECK"
+SYNC_CHECK_MODES = ("warn", "error")
 
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.
@@ -93,6 +99,8 @@ class DDTreeConfig:
     simulated_accept_len: float | None = None
     # SGLANG_DDTREE_STAGE_TIMES: the JSON-lines file per-stage decode times go to, else None
     stage_times_path: str | None = None
+    # SGLANG_DDTREE_SYNC_CHECK: torch.cuda.set_sync_debug_mode around decode steps, else None
+    sync_check: str | None = None
     # --speculative-adaptive-config when budget by batch size is on, else None
     adaptive_config: str | None = None
 
@@ -153,6 +161,7 @@ class DDTreeConfig:
                 env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
             ),
             stage_times_path=parse_stage_times_path(env.get(ENV_STAGE_TIMES)),
+            sync_check=parse_sync_check(env.get(ENV_SYNC_CHECK)),
             adaptive_config=adaptive_config,
         )
 
@@ -436,6 +445,18 @@ def parse_stage_times_path(raw: str | None) -> str | None:
     return path
 
 
+def parse_sync_check(raw: str | None) -> str | None:
+    """``SGLANG_DDTREE_SYNC_CHECK`` (unset or empty: off)."""
+    if raw is None or raw.strip() == "":
+        return None
+    if raw.strip() not in SYNC_CHECK_MODES:
+        raise DDTreeConfigError(
+            f"{ENV_SYNC_CHECK}={raw!r} is not a mode; valid: {', '.join(SYNC_CHECK_MODES)} "
+            "(or unset: off)."
+        )
+    return raw.strip()
+
+
 def check_attention_backends(decode: str, prefill: str | None) -> None:
     """Both the decode and the prefill backend (TARGET_VERIFY runs on the prefill-side wrapper of
     hybrid backends) must take a per-request tree mask."""
@@ -642,7 +663,6 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         speculative_dflash_block_size=block,
         speculative_num_steps=1,
         speculative_eagle_topk=config.eagle_topk,
-        disable_overlap_schedule=True,
         enable_mixed_chunk=False,
     )
     logger.info(

@@ -8,10 +8,11 @@ The worker (tensor-parallel rank 0) then appends one JSON object per decode step
 
 for the stages of :data:`STAGES`, in the order they ran. Host time is ``perf_counter`` around each
 stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
-events recorded on the current stream around each stage; they are read when the next decode step
-begins (or at :meth:`StageTimer.flush`), after the scheduler has synchronised on the step's
-outputs, so timing adds no synchronisation inside the measured stages. The last step before the
-server stops is not written.
+events recorded on the current stream around each stage. A step is written once its last event
+has completed, checked without waiting (``Event.query``) when a later decode step begins, so
+timing adds no synchronisation, also under SGLang's overlap scheduler (which launches the next
+step before the previous one has finished); :meth:`StageTimer.flush` waits for and writes what is
+left. Steps still running when the server stops are not written.
 
 Off (the variable unset), the worker's stage methods are not wrapped at all: no cost.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +52,8 @@ class StageTimer:
         self._clock = clock
         self._bs: int | None = None
         self._stages: dict[str, tuple[float, Any, Any]] = {}
+        # (bs, stages) of the steps begun but not yet written, oldest first
+        self._pending: deque[tuple[int, dict[str, tuple[float, Any, Any]]]] = deque()
 
     def instrument(self, worker: Any) -> None:
         """Wrap ``worker.<stage>_stage`` for every stage of :data:`STAGES` (instance attributes)."""
@@ -72,21 +76,35 @@ class StageTimer:
         return timed
 
     def begin_step(self, bs: int) -> None:
-        """Write the previous step (its outputs have been synchronised on since) and start one."""
-        self.flush()
+        """Write the earlier steps that have finished on the device, then start one."""
+        self._close_step()
+        self._write(wait=False)
         self._bs = int(bs)
 
     def flush(self) -> None:
-        if self._bs is None:
-            return
-        stages, self._stages = self._stages, {}
-        bs, self._bs = self._bs, None
-        if stages:  # a no-op wait: the scheduler synchronised on this step's outputs
-            next(reversed(stages.values()))[2].synchronize()
-        record = {
-            "bs": bs,
-            "width": self._width,
-            "host_ms": {n: round(host, 4) for n, (host, _, _) in stages.items()},
-            "gpu_ms": {n: round(s.elapsed_time(e), 4) for n, (_, s, e) in stages.items()},
-        }
-        self._file.write(json.dumps(record) + "\n")
+        """Wait for and write every step timed so far."""
+        self._close_step()
+        self._write(wait=True)
+
+    def _close_step(self) -> None:
+        if self._bs is not None:
+            self._pending.append((self._bs, self._stages))
+        self._bs, self._stages = None, {}
+
+    def _write(self, *, wait: bool) -> None:
+        while self._pending:
+            bs, stages = self._pending[0]
+            if stages:
+                last_end = next(reversed(stages.values()))[2]
+                if wait:
+                    last_end.synchronize()
+                elif not last_end.query():
+                    return  # still running (overlap): later
+            self._pending.popleft()
+            record = {
+                "bs": bs,
+                "width": self._width,
+                "host_ms": {n: round(host, 4) for n, (host, _, _) in stages.items()},
+                "gpu_ms": {n: round(s.elapsed_time(e), 4) for n, (_, s, e) in stages.items()},
+            }
+            self._file.write(json.dumps(record) + "\n")

@@ -105,20 +105,18 @@ def verify_input_from_tree(
 ) -> DDTreeVerifyInput:
     """The SGLang tree ABI of ``tree``, packed into a DDTreeVerifyInput.
 
-    With ``mask_buffer`` (the target backend's VerifyMask buffer, which CUDA graphs capture) the
-    mask is written in place when it fits, as ``build_eagle_verify_input`` does. ``with_paths``
-    adds ``retrieve_tree_paths``, which only the GDN tree ReplaySSM verify reads.
+    With ``mask_buffer`` (the target backend's VerifyMask buffer, which CUDA graphs capture; the
+    caller passes it only when ``VerifyMask.fits`` the batch) the mask is written straight into it,
+    as ``build_eagle_verify_input`` does, and ``seq_lens_sum`` is not needed (SGLang's overlap
+    scheduler leaves it unset). ``with_paths`` adds ``retrieve_tree_paths``, which only the GDN
+    tree ReplaySSM verify reads.
     """
     mode = TreeMaskMode.FULL_MASK if mask_mode is None else TreeMaskMode(int(mask_mode))
-    abi = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=seq_lens_sum)
-    mask = abi.tree_mask
-    if mask_buffer is not None and mask_buffer.numel() >= mask.numel():
-        mask_buffer[: mask.numel()].copy_(mask.view(-1).to(mask_buffer.dtype))
-        mask = mask_buffer
+    abi = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=seq_lens_sum, out=mask_buffer)
     return DDTreeVerifyInput.create(
         config,
         width=int(tree.tokens.shape[1]),
-        custom_mask=mask,
+        custom_mask=abi.tree_mask,
         abi=abi,
         parents=tree.parents if with_paths else None,
         seq_lens_sum=seq_lens_sum,

@@ -1,6 +1,6 @@
 """DDTreeWorker: DDTree drafting over DFlashWorkerV2, EAGLE tree verify.
 
-A decode step is one method per stage, called in order by ``forward_batch_generation``
+A decode step is one method per stage, called in order by ``_decode_step``
 (docs/plugin-design.md §3 has the data flow with the SGLang function used at each stage):
 
     draft_stage           DFlash drafter, one TARGET_VERIFY pass over [bonus, MASK*(B-1)]
@@ -22,7 +22,13 @@ would have accepted, and ``on_verify_complete_cpu`` (called by the scheduler onc
 accept lengths are on the host) feeds those sums to the controller.
 
 With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
-writes per-stage host and GPU times. Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
+writes per-stage host and GPU times; with ``SGLANG_DDTREE_SYNC_CHECK=warn|error`` each decode step
+runs under ``torch.cuda.set_sync_debug_mode`` (a step must not make the host wait for the GPU).
+
+SGLang's overlap scheduler (on by default) launches step n + 1 while step n still runs: no stage
+reads device values on the host, the tree mask goes into the target backend's VerifyMask buffer
+without the host-side lengths (which overlap leaves unset), and the budget measurements queue until
+the scheduler reports each step (docs/plugin-design.md §3). Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
 ``sglang_spec.plugin.adapter``. Importing this module imports SGLang; only the plug-in's worker
 factory does so.
 """
@@ -30,6 +36,7 @@ factory does so.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +75,7 @@ from sglang_spec.plugin.config import load_budget_policy, runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
-from sglang_spec.tree import DraftTree, build_ddtree_from_topk, sharded_topk
+from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree_from_topk, sharded_topk
 from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 
 logger = logging.getLogger("sglang_spec.plugin")
@@ -112,7 +119,7 @@ class Committed:
 
 
 class DDTreeWorker(DFlashWorkerV2):
-    """DDTREE speculative worker (SGLang V2 worker contract, overlap off)."""
+    """DDTREE speculative worker (SGLang V2 worker contract; overlap scheduling on by default)."""
 
     # SGLANG_DDTREE_STAGE_TIMES: set in __init__ when on; it then wraps the stage methods.
     stage_timer: StageTimer | None = None
@@ -148,8 +155,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self.budgets = BudgetController(policy, self.config.horizon, adapter.decode_cuda_graph_bs())
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
-        # (budget, device sums per measured budget, requests) of the last decode step
-        self.measured: tuple[int, torch.Tensor, int] | None = None
+        # (budget, host sums per measured budget, requests) of each decode step whose results the
+        # scheduler has not processed yet: with overlap scheduling the next step is launched first
+        self.measured: deque[tuple[int, torch.Tensor, int]] = deque()
 
     def init_cuda_graphs(self):
         """The drafter's graphs (DFlash's), then with budget by batch size a target verify state
@@ -186,20 +194,27 @@ class DDTreeWorker(DFlashWorkerV2):
             self.speculative_num_draft_tokens = self.config.verify_width
 
     def measure_budgets(self, accept_index: torch.Tensor, batch_size: int) -> None:
-        """Keep, on the device, what each budget this step measures would have accepted."""
+        """Queue what each budget this step measures would have accepted: summed on the device,
+        copied to pinned host memory in stream order (no sync)."""
         budget = self.config.budget
         sums = accepted_tokens_within(
             accept_index, self.config.verify_width, self.budgets.measured_by(budget)
         )
-        self.measured = (budget, sums, batch_size)
+        host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=sums.is_cuda)
+        host.copy_(sums, non_blocking=True)
+        self.measured.append((budget, host, batch_size))
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the sums kept by measure_budgets carry more
-        """Scheduler hook, once the step's accept lengths are on the host (the step is done, so
-        reading the measured sums does not stall the device)."""
-        if self.budgets is None or self.measured is None:
+        """Scheduler hook, once per decode step in launch order, when that step's accept lengths
+        are on the host: its measured sums, copied before them on the same stream, are too."""
+        if self.budgets is None or not self.measured:
             return
-        budget, sums, n = self.measured
-        self.measured = None
+        budget, sums, n = self.measured.popleft()
+        if n != batch_size:
+            raise RuntimeError(
+                f"DDTREE budget measurements out of step with the scheduler: a step of {n} "
+                f"requests measured, results of {batch_size} reported"
+            )
         self.budgets.observe(budget, sums.tolist(), n)
 
     def _maybe_build_draft_sampler(self):
@@ -222,11 +237,23 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 on the running batch.")
         if batch.forward_mode.is_idle():
             return self._idle_result(on_publish)
+        if batch.seq_lens.is_cuda:
+            # overlap: the previous step published it, maybe on another stream
+            batch.seq_lens.record_stream(torch.cuda.current_stream(batch.seq_lens.device))
         if self.budgets is not None:
             self.select_budget(len(batch.seq_lens))
         if self.stage_timer is not None:
             self.stage_timer.begin_step(len(batch.seq_lens))
+        if self.config.sync_check is None:
+            return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
+        torch.cuda.set_sync_debug_mode(self.config.sync_check)
+        try:
+            return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
+    def _decode_step(self, batch, draft_input, on_publish, grammar_barrier):
+        """The stages of one decode step, in order."""
         draft = self.draft_stage(batch, draft_input)
         logq, ids = self.topk_stage(draft.hidden)
         tree, verify_input = self.tree_stage(batch, logq, ids, draft.root_tokens)
@@ -342,20 +369,28 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def tree_stage(self, batch, logq, ids, root_tokens) -> tuple[DraftTree, DDTreeVerifyInput]:
         """Best-first DDTree of `budget` nodes and its SGLang tree ABI, on the device with no host
-        sync (mask sized from the host-side seq_lens_sum)."""
+        sync. The mask goes straight into the target backend's VerifyMask buffer (which its CUDA
+        graphs read) when the batch fits it; only a batch beyond it allocates one, sized from the
+        host-side lengths: exact without overlap scheduling, else the reserved upper bound
+        (``nxt_kv_lens_sum``, as DFLASH plans its draft with)."""
         tree = build_ddtree_from_topk(logq, ids, self.config.budget, root_tokens)
         vm = self.target_worker.model_runner.attn_backend.verify_mask
-        bs = int(batch.seq_lens.shape[0])
+        bs, n = tree.tokens.shape
+        mask_mode = TreeMaskMode.FULL_MASK if vm is None else TreeMaskMode(int(vm.mode))
+        out = vm.buffer if (vm is not None and vm.fits(bs)) else None
         seq_lens_sum = batch.seq_lens_sum
         if seq_lens_sum is None and batch.seq_lens_cpu is not None:
             seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        if out is None and seq_lens_sum is None and mask_mode == TreeMaskMode.FULL_MASK:
+            bound = int(batch.spec_info.nxt_kv_lens_sum)  # >= sum(seq_lens): over-allocated
+            out = torch.empty(bound * n + bs * n * n, dtype=torch.bool, device=tree.tokens.device)
         return tree, verify_input_from_tree(
             tree,
             batch.seq_lens,
             self.config,
-            mask_mode=None if vm is None else vm.mode,
+            mask_mode=mask_mode,
             seq_lens_sum=seq_lens_sum,
-            mask_buffer=vm.buffer if (vm is not None and vm.fits(bs)) else None,
+            mask_buffer=out,
             seq_lens_cpu=batch.seq_lens_cpu,
             with_paths=self.server_args.enable_linear_replayssm_spec,
         )

@@ -64,12 +64,19 @@ def sglang_tree_abi(
     seq_lens: torch.Tensor,
     mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK,
     seq_lens_sum: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> TreeABI:
     """SGLang 0.5.23 EAGLE tree-verify inputs for ``tree`` (see :class:`TreeABI`).
 
     ``seq_lens [bs]`` are the verified lengths (the root sits at position ``seq_len``). For
     ``FULL_MASK`` the flat mask has ``sum_b N * (seq_len_b + N)`` entries; pass ``seq_lens_sum``
     (SGLang's batch keeps it on the host) to avoid a device-to-host read of ``seq_lens.sum()``.
+
+    ``out`` (a flat buffer, e.g. the target backend's ``VerifyMask`` buffer, which CUDA graphs
+    capture) receives the mask in its leading entries and is returned as ``tree_mask``; then no
+    ``seq_lens_sum`` is needed, which is what lets SGLang's overlap scheduler skip the host copy of
+    the lengths. The caller guarantees it is large enough (``VerifyMask.fits``: sized for
+    ``max_context_len``); the CPU path checks it.
     """
     try:
         mode = TreeMaskMode(int(mode))
@@ -80,14 +87,23 @@ def sglang_tree_abi(
     bs, N = tree.tokens.shape
     if seq_lens.shape != (bs,):
         raise ValueError(f"seq_lens must be [bs={bs}]; got shape {tuple(seq_lens.shape)}")
-    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
-        bitpack_dtype(N)
-    if mode == TreeMaskMode.FULL_MASK and seq_lens_sum is None:
+    # SGLang's Triton backend keeps its VerifyMask buffer as uint8, the others as bool
+    dtypes = (
+        (bitpack_dtype(N),)
+        if mode == TreeMaskMode.QLEN_ONLY_BITPACKING
+        else (torch.bool, torch.uint8)
+    )
+    if out is not None and (out.dtype not in dtypes or out.dim() != 1):
+        raise ValueError(
+            f"out must be a flat buffer of {' or '.join(map(str, dtypes))} for {mode.name}; "
+            f"got {out.dtype} of shape {tuple(out.shape)}"
+        )
+    if mode == TreeMaskMode.FULL_MASK and seq_lens_sum is None and out is None:
         seq_lens_sum = int(seq_lens.sum())
     if tree.tokens.is_cuda:
         from .triton_kernels import tree_layout
 
-        return tree_layout(tree, seq_lens.long(), mode, seq_lens_sum)
+        return tree_layout(tree, seq_lens.long(), mode, seq_lens_sum, out)
     seq_lens = seq_lens.long()
     dev = tree.tokens.device
     first, nxt = _child_links(tree.parents)
@@ -103,10 +119,18 @@ def sglang_tree_abi(
                 for b in range(bs)
             ]
         )
-        if flat_mask.numel() != seq_lens_sum * N + bs * N * N:
+        if out is None and flat_mask.numel() != seq_lens_sum * N + bs * N * N:
             raise ValueError(
                 f"seq_lens_sum={seq_lens_sum} disagrees with sum(seq_lens)={int(seq_lens.sum())}"
             )
+    if out is not None:
+        if out.numel() < flat_mask.numel():
+            raise ValueError(
+                f"out holds {out.numel()} mask entries; this batch's {mode.name} mask needs "
+                f"{flat_mask.numel()}"
+            )
+        out[: flat_mask.numel()].copy_(flat_mask)
+        flat_mask = out
     return TreeABI(
         draft_tokens=tree.tokens.reshape(-1),
         positions=tree_positions(tree, seq_lens).reshape(-1),

@@ -213,22 +213,28 @@ def _layout_kernel(
 
 
 def tree_layout(
-    tree: DraftTree, seq_lens: torch.Tensor, mode: TreeMaskMode, seq_lens_sum: int | None
+    tree: DraftTree,
+    seq_lens: torch.Tensor,
+    mode: TreeMaskMode,
+    seq_lens_sum: int | None,
+    out: torch.Tensor | None = None,
 ) -> TreeABI:
-    """Triton twin of the CPU path of ``layout.sglang_tree_abi``."""
+    """Triton twin of the CPU path of ``layout.sglang_tree_abi`` (``out``: the mask's buffer)."""
     bs, N = tree.tokens.shape
     dev = tree.tokens.device
     positions = torch.empty(bs, N, dtype=torch.long, device=dev)
     first = torch.empty_like(positions)
     nxt = torch.empty_like(positions)
     retrieve_index = torch.empty_like(positions)
-    if mode == TreeMaskMode.FULL_MASK:
+    if out is not None:
+        mask = out
+    elif mode == TreeMaskMode.FULL_MASK:
         mask = torch.empty(seq_lens_sum * N + bs * N * N, dtype=torch.bool, device=dev)
     elif mode == TreeMaskMode.QLEN_ONLY:
         mask = torch.empty(bs * N * N, dtype=torch.bool, device=dev)
     else:
         mask = torch.empty(bs * N, dtype=bitpack_dtype(N), device=dev)
-    store_view = mask.view(torch.int8) if mask.dtype == torch.bool else mask
+    store_view = mask.view(torch.int8) if mask.dtype in (torch.bool, torch.uint8) else mask
     BI = 16 if N > 64 else 32
     _layout_kernel[(bs, triton.cdiv(N, BI))](
         tree.parents,
