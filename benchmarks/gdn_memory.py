@@ -74,11 +74,13 @@ SERVERS = {
     "ddtree63+phase2": ("DDTREE(63), + phase 2 (priced)", "ddtree", 63, True, "branch"),
     "ddtree15": ("DDTREE(15), unpatched", "ddtree", 15, False, "installed"),
 }
-# (label, --mem-fraction-static, --max-running-requests); None = SGLang's default
+# (label, --mem-fraction-static, --max-running-requests, --mamba-full-memory-ratio); None = SGLang's
+# default
 SETTINGS = {
-    "s3": ("mfs 0.8, mrr 8 (session 3)", 0.8, 8),
-    "s4": ("mfs 0.8, mrr 64 (session 4)", 0.8, 64),
-    "default": ("defaults", None, None),
+    "s3": ("mfs 0.8, mrr 8 (session 3)", 0.8, 8, None),
+    "s4": ("mfs 0.8, mrr 64 (session 4)", 0.8, 64, None),
+    "default": ("defaults", None, None, None),
+    "default+mfr1.5": ("defaults, --mamba-full-memory-ratio 1.5", None, None, 1.5),
 }
 # (server, settings, overlap) -> the H200's figures: max_mamba_cache_size, max_running_requests,
 # KV tokens (benchmarks/results/scale_h200.md; session4/gdn-tree/README.md and its .loglines)
@@ -100,6 +102,10 @@ SCENARIOS = [
         for v in ("ddtree63+patched", "ddtree63+phase2")
         for s in ("s4", "default")
         for o in (None, True)
+    ],
+    *[
+        (v, "default+mfr1.5", True)
+        for v in ("dflash+replayssm", "ddtree63+patched", "ddtree63+phase2")
     ],
 ]
 
@@ -133,12 +139,13 @@ def _child(scenarios: list[dict], out: str) -> None:
     results = []
     for sc in scenarios:
         _, algorithm, budget, flag, _ = SERVERS[sc["server"]]
-        _, mfs, mrr = SETTINGS[sc["settings"]]
+        _, mfs, mrr, mfr = SETTINGS[sc["settings"]]
         spec = scale.ServerSpec(shape=shape, algorithm=algorithm.upper(), budget=budget)
         server_arg = [
             ("enable-linear-replayssm-spec", True if flag else None),
             ("mem-fraction-static", mfs),
             ("max-running-requests", mrr),
+            ("mamba-full-memory-ratio", mfr),
         ]
         ns = argparse.Namespace(graph_bs=8, max_running_requests=64, server_arg=server_arg)
         cfg = scale.server_config(spec, target, drafter, ns, Path(models))
