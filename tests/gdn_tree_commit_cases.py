@@ -23,6 +23,8 @@ not here):
   step;
 * ``pool``: ``MambaPool`` built for a GDN tree, a GDN chain and a KDA tree with the flag;
 * ``pricing``: ``replayssm_ring_bytes_per_req`` at the Qwen3.6-27B shape;
+* ``solve``: the mamba/KV split (``_handle_max_mamba_cache``) for a GDN tree and a chain at the
+  27B shape, at budgets where ``--max-running-requests`` binds and where it does not;
 * ``hook``: ``handle_linear_attn_backend`` on the tiny hybrid and on a KDA-classified copy of it;
 * ``applied``: the patch series the DDTREE plug-in finds applied (``config.applied_patches``).
 """
@@ -261,6 +263,82 @@ def pricing_case() -> dict:
     }
 
 
+def solve_case(repo: str) -> dict:
+    """``KVCacheConfigurator._handle_max_mamba_cache`` (the auto-fit branch) for the Qwen3.6-27B
+    GDN layers with the flag: a DDTREE(64) tree (topk > 1) and a chain (topk 1), extra_buffer with
+    overlap off (4 slots per request), at mamba budgets where ``--max-running-requests`` binds and
+    where it does not. Run on a published tiny-hybrid DDTREE server (the plug-in registered, the
+    GPU's platform checks answered as on CUDA); the 27B parameters replace the model's."""
+    import types
+
+    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.runtime_context import get_context, get_schedule
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_spec.plugin.algorithm import register
+
+    mamba_hook._platform_supports_mamba_cache_extra_buffer = lambda: True
+    register()
+    fixtures = os.path.join(repo, "sglang_spec/fixtures/tiny-pair")
+    sa = prepare_server_args(
+        ["--model-path", os.path.join(fixtures, "hybrid"), "--device", "cuda"]
+        + ["--speculative-algorithm", "DDTREE", "--speculative-num-draft-tokens", "64"]
+        + ["--speculative-draft-model-path", os.path.join(fixtures, "hybrid-dflash")]
+        + ["--attention-backend", "triton", "--page-size", "1", "--mem-fraction-static", "0.8"]
+        + ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-linear-replayssm-spec"]
+    )
+    sa.resolve_once()
+    get_context().set_server_args(sa)
+    params = gdn_params(layers=48, hk=16, hv=48, k=128, v=128)
+    fake = types.SimpleNamespace(
+        mambaish_config=types.SimpleNamespace(mamba2_cache_params=params),
+        hybrid_gdn_config=object(),
+        hybrid_kda_config=None,
+        pp_size=1,
+        attn_dp_size=1,
+        spec_algorithm=SpeculativeAlgorithm.from_string("DDTREE"),
+        extra_mamba_cache_bytes_per_req=0,
+        fused_entry_bytes=lambda _name: None,
+    )
+    fake._calculate_mamba_ratio = lambda: KVCacheConfigurator._calculate_mamba_ratio(fake)
+    out = {
+        "slot": params.mamba_cache_per_req,
+        "ratio": fake._calculate_mamba_ratio(),
+        "width": int(sa.speculative_num_draft_tokens),
+        "tree_row": params.replayssm_ring_bytes_per_req(record_len=64, tree=True),
+        "chain_row": params.replayssm_ring_bytes_per_req(
+            record_len=int(get_context().config_leaf("linear_replayssm_cache_len"))
+        ),
+        "cases": [],
+    }
+    for topk in (63, 1):
+        for mrr in (64, 8):
+            for rest_gib in (57.647, 72.7):
+                get_context().override(
+                    "test",
+                    max_mamba_cache_size=None,
+                    max_running_requests=mrr,
+                    speculative_eagle_topk=topk,
+                )
+                after = KVCacheConfigurator._handle_max_mamba_cache(fake, rest_gib)
+                out["cases"].append(
+                    {
+                        "topk": topk,
+                        "mrr": mrr,
+                        "rest_gib": rest_gib,
+                        "budget": rest_gib
+                        * (1 << 30)
+                        * get_schedule().mamba_full_memory_ratio
+                        / (1 + get_schedule().mamba_full_memory_ratio),
+                        "slots": int(get_schedule().max_mamba_cache_size),
+                        "after_gib": after,
+                    }
+                )
+    return out
+
+
 def hook_case(repo: str) -> dict:
     from sglang.srt.arg_groups.attention_hook import handle_linear_attn_backend
     from sglang.srt.server_args import prepare_server_args
@@ -315,6 +393,7 @@ def main(root: str, fold_rel: str, unpatched_fold: str, repo: str, out_path: str
             "pool": pool_case(),
             "pricing": pricing_case(),
             "hook": hook_case(repo),
+            "solve": solve_case(repo),
             "applied": applied_case(),
         },
         out_path,

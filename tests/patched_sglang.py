@@ -40,9 +40,10 @@ def gdn_fold(version: str) -> str:
     return rel
 
 
-def patched_copy(root: Path, version: str | None = None) -> Path:
+def patched_copy(root: Path, version: str | None = None, patches: Path = PATCHES) -> Path:
     """Build the patched copy of ``version`` (default: the installed release) under ``root``
-    (which then contains ``sglang/`` and ``pristine/sglang/...``); returns ``root``."""
+    (which then contains ``sglang/`` and ``pristine/sglang/...``), with the series of the
+    per-version patch sets in ``patches`` (default: this checkout's); returns ``root``."""
     src = installed_sglang()
     installed = core.detect_version(core.locate(str(src)))[0]  # a real sglang package
     if version is None or version == installed:
@@ -57,10 +58,10 @@ def patched_copy(root: Path, version: str | None = None) -> Path:
         with zipfile.ZipFile(get_wheel(version)) as zf:
             zf.extractall(root, members=[m for m in zf.namelist() if m.startswith("sglang/")])
     version = core.detect_version(core.locate(str(root)))[0]
-    for rel in core.load_patch_set(PATCHES, version).files:
+    for rel in core.load_patch_set(patches, version).files:
         (root / "pristine" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / rel, root / "pristine" / rel)
-    res = core.apply(str(root), PATCHES)
+    res = core.apply(str(root), patches)
     assert res.code == 0, res.lines
     return root
 

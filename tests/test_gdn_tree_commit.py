@@ -163,6 +163,42 @@ def test_pricing_matches_the_design_table(results):
     assert p["chain16"] == 48 * 16 * (2 * (48 * 128 * 2 + 16 * 128 * 2) + 48 * 4)
 
 
+def test_tree_request_rows_are_priced_for_the_requests_the_slots_admit(results):
+    """A GDN tree's request rows (ring + conv windows) are allocated for min(max_running_requests,
+    slots // ratio) + 1 requests, so the solve prices exactly those rows jointly with the slots:
+    the priced memory fits the mamba budget, one more request's slots and row would not, the
+    remainder goes back to the KV pool, and where --max-running-requests binds the slots are the
+    released formula's. A chain keeps the released pricing ((mrr + 1) rows, fixed)."""
+    sol = results["solve"]
+    p, ratio, gib = sol["slot"], sol["ratio"], 1 << 30
+    assert (ratio, sol["width"]) == (4, 64)  # extra_buffer, overlap off; DDTREE(63)
+    binding = 0
+    for c in sol["cases"]:
+        k, b, mrr = c["slots"], c["budget"], c["mrr"]
+        released = int(
+            (b - (mrr + 1) * (sol["tree_row"] if c["topk"] > 1 else sol["chain_row"]) - p) // p
+        )
+        if c["topk"] == 1:
+            assert k == released, c
+            priced = (k + 1) * p + (mrr + 1) * sol["chain_row"]
+        else:
+            row = sol["tree_row"]
+            rows = min(mrr, k // ratio) + 1
+            priced = (k + 1) * p + rows * row
+            assert priced <= b, c
+            if k // ratio < mrr:  # the slots bind: one more request would not fit
+                assert (k + ratio + 1) * p + (rows + 1) * row > b, c
+            else:  # --max-running-requests binds: the released formula
+                assert k == released, c
+                binding += 1
+            assert k >= released, c
+        assert abs(c["after_gib"] - (c["rest_gib"] - priced / gib)) < 1e-9, c
+    assert binding == 2  # mrr 8 at both budgets; mrr 64 binds nowhere
+    # the session-4 case (rest 57.647 GiB, mrr 64): 135 slots, 33 requests (baseline: 88, 22)
+    s4 = next(c for c in sol["cases"] if (c["topk"], c["mrr"], c["rest_gib"]) == (63, 64, 57.647))
+    assert (s4["slots"], s4["slots"] // ratio) == (135, 33)
+
+
 def test_attention_hook_still_refuses_eagle_trees_with_the_flag(results):
     """0003 leaves attention_hook as released: a user-set EAGLE tree (topk > 1) with the flag is
     refused (its verify input has no per-node path table for 0002's kernel); chains and trees
