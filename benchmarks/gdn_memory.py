@@ -15,8 +15,9 @@ registered) with the GPU's capacity set to an H200's, then published; the mamba/
 SGLang's own ``KVCacheConfigurator._handle_max_mamba_cache``, ``_calculate_mamba_ratio`` and
 ``resolve_max_num_reqs``, run in a child process whose ``sglang`` is the installed release or a
 patched copy (``tests/patched_sglang.patched_copy``). With the DDTREE overlap scheduler on (the
-``overlap`` column) the resolved ``disable_overlap_schedule`` is overridden to False before the
-solve, which is what the ratio reads.
+``overlap`` column: True / False; None = as the server resolves it, on for both since DDTREE
+supports SGLang's overlap scheduler) the resolved ``disable_overlap_schedule`` is overridden before
+the solve, which is what the ratio reads; the sessions-3/4 DDTREE servers ran with it off.
 
 What is not SGLang's code, and how it was checked:
 
@@ -86,9 +87,9 @@ SETTINGS = {
 # KV tokens (benchmarks/results/scale_h200.md; session4/gdn-tree/README.md and its .loglines)
 MEASURED = {
     ("dflash", "s3", None): (41, 8, 386734),
-    ("ddtree63", "s3", None): (7, 1, 476220),
-    ("ddtree15", "s3", None): (34, 8, 399262),
-    ("ddtree63+baseline", "s4", None): (88, 22, 378782),
+    ("ddtree63", "s3", False): (7, 1, 476220),
+    ("ddtree15", "s3", False): (34, 8, 399262),
+    ("ddtree63+baseline", "s4", False): (88, 22, 378782),
 }
 SCENARIOS = [
     *MEASURED,
@@ -96,12 +97,12 @@ SCENARIOS = [
     *[("dflash+replayssm", s, None) for s in ("s3", "s4", "default")],
     ("ddtree63", "default", None),
     ("ddtree63+baseline", "s4", True),
-    *[("ddtree63+baseline", "default", o) for o in (None, True)],
+    *[("ddtree63+baseline", "default", o) for o in (False, True)],
     *[
         (v, s, o)
         for v in ("ddtree63+patched", "ddtree63+phase2")
         for s in ("s4", "default")
-        for o in (None, True)
+        for o in (False, True)
     ],
     *[
         (v, "default+mfr1.5", True)
@@ -152,8 +153,8 @@ def _child(scenarios: list[dict], out: str) -> None:
         sa = prepare_server_args(["--device", "cuda", *cfg.argv()])
         sa.resolve_once()
         get_context().set_server_args(sa)
-        if sc["overlap"]:
-            get_context().override("gdn_memory", disable_overlap_schedule=False)
+        if sc["overlap"] is not None:
+            get_context().override("gdn_memory", disable_overlap_schedule=not sc["overlap"])
         if sc["server"].endswith("phase2"):
             Mamba2CacheParams.replayssm_ring_bytes_per_req = _phase2_bytes(ring_bytes)
         else:
