@@ -21,7 +21,9 @@ and the plot.
 A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
 algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs ``b=BUDGET``);
 options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
-benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``stages``
+benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
+``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
+states, the verify path DFLASH uses, for a like-for-like step comparison), ``stages``
 (DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
 ``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
 at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
@@ -59,7 +61,7 @@ from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
-FLAG_OPTIONS = {"no-overlap", "stages"}
+FLAG_OPTIONS = {"no-overlap", "no-replayssm", "stages"}
 VALUE_OPTIONS = {"b", "acc", "tp", "profile"}
 # What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
 # no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
@@ -231,6 +233,8 @@ def server_config(
         ours["tp-size"] = spec.tp
     if "no-overlap" in spec.flags:
         ours["disable-overlap-schedule"] = True
+    if "no-replayssm" in spec.flags:
+        ours["enable-linear-replayssm-spec"] = False
     env = {}
     if spec.acc is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"

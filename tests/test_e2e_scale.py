@@ -115,7 +115,14 @@ def test_cli_refuses_bad_input_before_anything_runs(tmp_path, capsys):
 SPECS = [
     f"{shape}:{alg}"
     for shape in SHAPES
-    for alg in ("ar", "nextn", "dflash", "ddtree:b=15", "ddtree:b=63:acc=4:stages:no-overlap")
+    for alg in (
+        "ar",
+        "nextn",
+        "dflash",
+        "ddtree:b=15",
+        "ddtree:b=15:no-replayssm",
+        "ddtree:b=63:acc=4:stages:no-overlap",
+    )
     if alg != "nextn" or SHAPES[shape].has_mtp
 ]
 
@@ -148,6 +155,8 @@ def test_server_config_in_the_kit(text, tmp_path, monkeypatch, sglang_parse):
     assert a.get("disable-overlap-schedule", False) == (
         "no-overlap" in spec.flags or base.args.get("disable-overlap-schedule", False)
     )
+    if spec.algorithm == "DDTREE" and spec.shape.hybrid:
+        assert a["enable-linear-replayssm-spec"] is ("no-replayssm" not in spec.flags)
     env = cfg.env
     assert env.get("SGLANG_SIMULATE_ACC_LEN") == (None if spec.acc is None else f"{spec.acc:g}")
     assert ("SGLANG_DDTREE_STAGE_TIMES" in env) == ("stages" in spec.flags)
