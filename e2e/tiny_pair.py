@@ -82,6 +82,11 @@ def generate(url, prompt, max_new_tokens, temperature=0.0, seed=None):
     }
 
 
+# torch.cuda.set_sync_debug_mode("warn")'s message (torch/csrc/cuda/...: "called a synchronizing
+# CUDA operation")
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
     name, *mods = spec.split("+")
@@ -154,6 +159,8 @@ def run_server(label, cfg, prompts, args):
     res["log_ddtree"] = [
         ln for ln in lines if "DDTREE" in ln or "ddtree" in ln or "sglang_spec" in ln
     ][:20]
+    # SGLANG_DDTREE_SYNC_CHECK=warn: torch's warning at each synchronizing operation of a step
+    res["sync_warnings"] = [ln for ln in lines if SYNC_WARNING in ln][:20]
     if not res["ok"]:
         print(
             f"--- {label} FAILED ({res.get('error')}); log tail:\n"

@@ -13,7 +13,8 @@ radix-cached (evictable), an aborted one (closed stream or abort_request) frees 
 at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an aborted stream never
 returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback),
 ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
-on the H200 kit). ``/abort_request`` aborts every stream whose rid starts with the given one, as
+on the H200 kit); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
+once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
 SGLang 0.5.23's scheduler does.
 """
 
@@ -218,6 +219,8 @@ if __name__ == "__main__":
     if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
         print("RuntimeError: CUDA out of memory", flush=True)
         sys.exit(3)
+    if os.environ.get("SGLANG_DDTREE_SYNC_CHECK") == "warn" and ALGORITHM == "DDTREE":
+        print("worker.py:1: UserWarning: called a synchronizing CUDA operation", flush=True)
     if os.environ.get("FAKE_START_TRACEBACK"):
         print("Traceback (most recent call last):\n  ConnectionRefusedError: freeze_gc", flush=True)
     config = json.loads(Path(flag("--model-path"), "config.json").read_text())

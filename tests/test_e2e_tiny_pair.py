@@ -93,6 +93,21 @@ def test_replayssm_server_turns_the_flag_on(sglang_parse, monkeypatch):
         assert sa.speculative_num_draft_tokens == 65
 
 
+def test_sync_warnings_are_recorded(tmp_path, monkeypatch):
+    """SGLANG_DDTREE_SYNC_CHECK=warn: torch's warning lines from the server log land in e2e.json
+    (a passing server's log is deleted)."""
+    assert _main(tmp_path, monkeypatch, "ddtree16", SGLANG_DDTREE_SYNC_CHECK="warn") == 0
+    run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
+    assert run["sync_warnings"] == [
+        "worker.py:1: UserWarning: called a synchronizing CUDA operation"
+    ]
+    monkeypatch.delenv("SGLANG_DDTREE_SYNC_CHECK")
+    (tmp_path / "off").mkdir()
+    assert _main(tmp_path / "off", monkeypatch, "ddtree16") == 0
+    run = json.loads((tmp_path / "off" / "out" / "e2e.json").read_text())[0]
+    assert run["sync_warnings"] == []
+
+
 def test_nooverlap_server_turns_overlap_scheduling_off(sglang_parse, monkeypatch):
     monkeypatch.chdir(REPO)
     for spec, off in (("ddtree16+graphs+nooverlap", True), ("ddtree16+graphs", False)):
