@@ -7,8 +7,8 @@ Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
 A server is ``ar``, ``nextn``, ``dflash`` or ``ddtree<budget>``, optionally ``+graphs`` (CUDA graphs
 for decode batches up to ``--graph-bs``; otherwise eager), ``+patched`` (``sglang-spec patch
 apply`` on SGLang first; stays applied for later servers), ``+replayssm``
-(``--enable-linear-replayssm-spec``) and ``+nooverlap`` (``--disable-overlap-schedule``). Its flags come from
-``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
+(``--enable-linear-replayssm-spec``) and ``+nooverlap`` (``--disable-overlap-schedule``). Its flags
+come from ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
 It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
 for ``/health``, sends greedy requests one by one and then concurrently, plus sampled requests

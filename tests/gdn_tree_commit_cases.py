@@ -288,7 +288,8 @@ def solve_case(repo: str) -> dict:
         + ["--speculative-draft-model-path", os.path.join(fixtures, "hybrid-dflash")]
         + ["--attention-backend", "triton", "--page-size", "1", "--mem-fraction-static", "0.8"]
         + ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-linear-replayssm-spec"]
-        + ["--disable-overlap-schedule"]  # the session-4 server's scheduler (DDTREE's default is on)
+        # the session-4 server's scheduler (DDTREE's default is on)
+        + ["--disable-overlap-schedule"]
     )
     sa.resolve_once()
     get_context().set_server_args(sa)

@@ -28,7 +28,9 @@ runs under ``torch.cuda.set_sync_debug_mode`` (a step must not make the host wai
 SGLang's overlap scheduler (on by default) launches step n + 1 while step n still runs: no stage
 reads device values on the host, the tree mask goes into the target backend's VerifyMask buffer
 without the host-side lengths (which overlap leaves unset), and the budget measurements queue until
-the scheduler reports each step (docs/plugin-design.md §3). Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
+the scheduler reports each step (docs/plugin-design.md §3).
+
+Prefill is DFlash's. DFlashWorkerV2's private members are reached only through
 ``sglang_spec.plugin.adapter``. Importing this module imports SGLang; only the plug-in's worker
 factory does so.
 """
