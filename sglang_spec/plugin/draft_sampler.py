@@ -15,8 +15,7 @@ captured batch.
 ``topk_stage`` (worker.py) then takes, per decode step (:func:`step_tree`):
 
 * the draft ran as a CUDA graph: the static tree; with ``--speculative-adaptive`` at a budget other
-  than the server's, a tree built eagerly from the static top-K (its first ``K`` ranks, ``K`` the
-  budget's);
+  than the server's (a smaller one), the tree built here from the static top-K;
 * otherwise (eager batches: larger than every captured batch size, or graphs off):
   :func:`sglang_spec.tree.draft_tree` on the drafter's hidden states.
 
@@ -113,8 +112,9 @@ def step_tree(
         logq, ids, tree = sampler.outputs(bs)
         if sampler.budget == config.budget:
             return tree
-        k = config.topk_per_depth  # for_budget: min(the server's K, this budget)
-        return build_ddtree_from_topk(logq[..., :k], ids[..., :k], config.budget, root_tokens)
+        # The server's K >= this budget's, min(server K, budget); a best-first tree of `budget`
+        # nodes never pops a rank >= budget, so the extra ranks leave the tree as it is.
+        return build_ddtree_from_topk(logq, ids, config.budget, root_tokens)
     lm_head = target_lm_head(worker)
     if lm_head is None:
         raise RuntimeError("DDTREE needs a dense target lm_head.")

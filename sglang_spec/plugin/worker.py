@@ -273,7 +273,8 @@ class DDTreeWorker(DFlashWorkerV2):
             batch.req_pool_indices,
             self.model_runner.req_to_token_pool.req_to_token,
             prefix_lens,
-            max(block, self.config.verify_width),
+            block,
+            self.config.verify_width,
         )
         buf.cache_loc.copy_(window[:, :block])
         emb = adapter.embed_draft_block(self, buf.block_ids)
@@ -593,12 +594,14 @@ def draft_window(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
     prefix_lens: torch.Tensor,
-    width: int,
+    block: int,
+    verify_width: int,
 ) -> torch.Tensor:
-    """``[bs, width]`` KV slots (virtual ids, ``req_to_token``'s) of ``prefix + arange(width)``:
-    the iteration's window, ``width = max(block, N)``, looked up once for the draft block (its
-    first ``block`` columns) and the verify (its first ``N``)."""
+    """``[bs, W]`` KV slots (virtual ids, ``req_to_token``'s) of ``prefix + arange(W)``,
+    ``W = max(block, verify_width)``: the iteration's window, looked up once for the draft block
+    (its first ``block`` columns) and the verify (its first ``verify_width``)."""
     bs = int(prefix_lens.shape[0])
+    width = max(block, verify_width)
     return assign_extend_cache_locs_func(
         req_pool_indices=req_pool_indices,
         req_to_token=req_to_token,
