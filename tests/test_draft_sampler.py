@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from tree_testing import run_under_triton_interpreter
 
 from sglang_spec.plugin.config import DDTreeConfig
 from sglang_spec.tree import (
@@ -313,18 +311,9 @@ def check_verify_reuses_the_draft_lookup() -> None:
             assert plan.read_extent == extent
         else:
             assert verify_plan is None
-    print("VERIFY_LOCS_OK")
 
 
 def test_verify_reuses_the_draft_lookup_under_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    child = f"import sys; sys.path[:0] = [{root!r}, {here!r}]; import test_draft_sampler as t; "
-    child += "t.check_verify_reuses_the_draft_lookup()"
-    proc = subprocess.run(
-        [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0 and "VERIFY_LOCS_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_under_triton_interpreter(
+        "test_draft_sampler", "check_verify_reuses_the_draft_lookup", "VERIFY_LOCS_OK"
     )
