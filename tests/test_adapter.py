@@ -118,23 +118,22 @@ def test_vocab_shard_of_a_sglang_head():
     assert adapter.vocab_shard(SimpleNamespace(weight=torch.zeros(7, 4))) == VocabShard(0, 7, 7)
 
 
-def test_tp_all_gather(monkeypatch):
-    import sglang.srt.runtime_context as rc
-
+def test_tp_all_gather():
     class Group:
         world_size = 2
 
         def all_gather_into_tensor(self, output, input):  # noqa: A002 - SGLang's parameter name
             output.copy_(torch.cat([input, input + 100]))
 
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(tp_group=Group()))
     sharded = SimpleNamespace(weight=torch.zeros(2, 2), shard_indices=object())
-    gather = adapter.tp_all_gather(sharded)
-    t = torch.arange(6).view(2, 3)
-    assert torch.equal(gather(t), torch.stack([t, t + 100]))
-    assert adapter.tp_all_gather(SimpleNamespace(weight=torch.zeros(2, 2))) is None
+    t = torch.arange(6, dtype=torch.float64).view(2, 3)
+    for capacity in (0, 6):  # fresh buffers every call / fixed ones a CUDA graph can capture
+        gather = adapter.tp_all_gather(sharded, Group(), capacity=capacity)
+        assert torch.equal(gather(t), torch.stack([t, t + 100]))
+        assert (gather(t).data_ptr() == gather.out.data_ptr()) == (capacity > 0)
+    assert adapter.tp_all_gather(SimpleNamespace(weight=torch.zeros(2, 2)), Group()) is None
     Group.world_size = 1
-    assert adapter.tp_all_gather(sharded) is None
+    assert adapter.tp_all_gather(sharded, Group()) is None
 
 
 # DFlashWorkerV2's buffers sized from the block (dflash_worker_v2.py:571-584); listed here so that

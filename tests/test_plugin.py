@@ -920,9 +920,15 @@ def _staged_worker(calls, tick=None):
         torch.arange(10) + 1, torch.tensor([9, 8]), torch.tensor([5, 6]), torch.tensor([7, 7])
     )
     results = {
-        "draft": DraftOutput(hidden=torch.zeros(2, 4, 3), root_tokens=torch.tensor([1, 2])),
-        "topk": ("logq", "ids"),
-        "tree": ("tree", "verify_input"),
+        "draft": DraftOutput(
+            hidden=torch.zeros(2, 4, 3),
+            root_tokens=torch.tensor([1, 2]),
+            ran_as_graph=True,
+            window=torch.zeros(2, 5, dtype=torch.long),
+            kv_loc_plan="plan",
+        ),
+        "topk": "tree",
+        "tree": "verify_input",
         "verify": verified,
         "walk": walked,
         "commit": committed,
@@ -955,9 +961,9 @@ def test_decode_step_runs_the_stages_in_order():
     assert [name for name, _ in calls] == list(STAGES)
     args = dict(calls)
     assert args["draft"] == (batch, batch.spec_info)
-    assert args["topk"] == (r["draft"].hidden,)
-    assert args["tree"] == (batch, "logq", "ids", r["draft"].root_tokens)
-    assert args["verify"] == (batch, "verify_input", "gb")
+    assert args["topk"] == (r["draft"],)
+    assert args["tree"] == (batch, "tree")
+    assert args["verify"] == (batch, "verify_input", r["draft"], "gb")
     assert args["walk"] == (batch, "tree", "verify_input", r["verify"])
     assert args["commit"] == (batch, r["verify"], r["walk"], published.append)
     assert args["append_context"] == (batch, r["verify"], r["walk"], r["commit"])
@@ -1309,7 +1315,7 @@ def test_tree_stage_builds_the_path_table_only_for_the_gdn_tree_replayssm():
     """tree_stage runs every decode step: the path table (a gather per depth) is built only when
     the server runs the GDN tree ReplaySSM, whose verify is the only reader."""
     from sglang_spec.plugin.worker import DDTreeWorker
-    from sglang_spec.tree import draft_topk
+    from sglang_spec.tree import build_ddtree_from_topk, draft_topk
 
     torch.manual_seed(0)
     worker = object.__new__(DDTreeWorker)
@@ -1321,9 +1327,10 @@ def test_tree_stage_builds_the_path_table_only_for_the_gdn_tree_replayssm():
     )
     batch = SimpleNamespace(seq_lens=torch.tensor([5, 9]), seq_lens_sum=14, seq_lens_cpu=None)
     logq, ids = draft_topk(torch.randn(2, 4, 30), 3)
+    tree = build_ddtree_from_topk(logq, ids, 6, torch.tensor([1, 2]))
     for flag in (False, True):
         worker.server_args = SimpleNamespace(enable_linear_replayssm_spec=flag)
-        tree, vi = worker.tree_stage(batch, logq, ids, torch.tensor([1, 2]))
+        vi = worker.tree_stage(batch, tree)
         if flag:
             assert vi.retrieve_tree_paths.shape == (2, 7, 5)
             assert vi.retrieve_tree_paths[:, :, 0].eq(0).all()  # every path starts at the root
@@ -1341,7 +1348,7 @@ def test_tree_stage_needs_no_host_lengths_under_overlap():
     from sglang.srt.layers.attention.verify_mask import VerifyMask
 
     from sglang_spec.plugin.worker import DDTreeWorker
-    from sglang_spec.tree import TreeMaskMode, draft_topk, sglang_tree_abi
+    from sglang_spec.tree import TreeMaskMode, build_ddtree_from_topk, draft_topk, sglang_tree_abi
 
     torch.manual_seed(0)
     worker = object.__new__(DDTreeWorker)
@@ -1350,6 +1357,7 @@ def test_tree_stage_needs_no_host_lengths_under_overlap():
     )
     worker.server_args = SimpleNamespace(enable_linear_replayssm_spec=False)
     logq, ids = draft_topk(torch.randn(2, 4, 30), 3)
+    tree = build_ddtree_from_topk(logq, ids, 6, torch.tensor([1, 2]))
     seq_lens = torch.tensor([5, 9])
     exact = SimpleNamespace(seq_lens=seq_lens, seq_lens_sum=14, seq_lens_cpu=None)
     overlap = SimpleNamespace(
@@ -1361,24 +1369,24 @@ def test_tree_stage_needs_no_host_lengths_under_overlap():
     worker._target_worker = SimpleNamespace(
         model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=None))
     )
-    tree, want = worker.tree_stage(exact, logq, ids, torch.tensor([1, 2]))
+    want = worker.tree_stage(exact, tree)
     assert torch.equal(want.custom_mask, sglang_tree_abi(tree, seq_lens).tree_mask)
     n_mask = want.custom_mask.numel()
     # no buffer: one of the upper bound's size, the mask in its leading entries
-    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    vi = worker.tree_stage(overlap, tree)
     assert vi.custom_mask.numel() == (14 + 28) * 7 + 2 * 49
     assert torch.equal(vi.custom_mask[:n_mask], want.custom_mask)
     # the backend's buffer (uint8, as SGLang's Triton backend keeps it) when the batch fits
     buf = torch.zeros(5000, dtype=torch.uint8)
     vm = VerifyMask(buffer=buf, mode=TreeMaskMode.FULL_MASK, max_bs=2)
     worker._target_worker.model_runner.attn_backend.verify_mask = vm
-    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    vi = worker.tree_stage(overlap, tree)
     assert vi.custom_mask is buf and torch.equal(buf[:n_mask].bool(), want.custom_mask)
     # a batch beyond the buffer's max_bs falls back to the bound, not past the buffer's end
     worker._target_worker.model_runner.attn_backend.verify_mask = VerifyMask(
         buffer=buf, mode=TreeMaskMode.FULL_MASK, max_bs=1
     )
-    _, vi = worker.tree_stage(overlap, logq, ids, torch.tensor([1, 2]))
+    vi = worker.tree_stage(overlap, tree)
     assert vi.custom_mask is not buf and vi.custom_mask.numel() == (14 + 28) * 7 + 2 * 49
 
 

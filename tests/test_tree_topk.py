@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_spec.tree import VocabShard, draft_topk, shard_logits, sharded_topk
+from sglang_spec.tree.topk import GATHER_DTYPE, StaticAllGather, gathered_shape
 
 PAD = 1e4  # padding rows hold large garbage: scoring them would change every top-k
 
@@ -40,17 +41,27 @@ def _shard(weight, num_org, tp, added=0, pad_to=None):
     return weights, shards
 
 
-def _run_tp(hidden, weights, shards, k, temperature=1.0):
-    """Every rank's result, with an all-gather that stacks what all ranks passed at that call."""
+def _run_tp(hidden, weights, shards, k, temperature=1.0, static_capacity=None):
+    """Every rank's result, with an all-gather that stacks what all ranks passed at that call
+    (through a :class:`StaticAllGather` of ``static_capacity`` elements when given)."""
     world = len(shards)
     sent = [[] for _ in range(world)]
 
     def recorder(rank):
         def gather(t):
-            sent[rank].append(t)
+            sent[rank].append(t.clone())
             return torch.stack([t] * world)
 
-        return gather
+        return wrap(gather)
+
+    def wrap(gather):
+        if static_capacity is None:
+            return gather
+
+        def gather_into(out, inp):
+            out.copy_(gather(inp).reshape(-1))
+
+        return StaticAllGather(gather_into, world, static_capacity, device="cpu")
 
     for r in range(world):
         sharded_topk(
@@ -65,7 +76,7 @@ def _run_tp(hidden, weights, shards, k, temperature=1.0):
             assert torch.equal(t, sent[rank][i])
             return torch.stack([sent[q][i] for q in range(world)])
 
-        return gather
+        return wrap(gather)
 
     outs = [
         sharded_topk(
@@ -126,7 +137,8 @@ def test_all_gathers_carry_k_entries_per_row_never_the_vocabulary():
         return torch.stack([t, t])
 
     sharded_topk(torch.randn(bs, L, H), weights[0], shards[0], k, all_gather=gather)
-    assert sorted(shapes) == [(bs, L), (bs, L, k), (bs, L, k)]
+    # one collective per call: k values, k ids and the log-sum-exp of each row
+    assert shapes == [(bs, L, 2 * k + 1)] == [gathered_shape(bs, L, k)]
 
 
 def test_shard_logits_drops_padding_and_maps_global_ids():
@@ -137,3 +149,41 @@ def test_shard_logits_drops_padding_and_maps_global_ids():
     logits, ids = shard_logits(hid, weights[1], shards[1])
     assert ids.tolist() == [3, 4, 5, 8, 9]
     torch.testing.assert_close(logits, hid @ w[[3, 4, 5, 8, 9]].T)
+
+
+def _stacking_group(world, calls):
+    """all_gather_into_tensor of ``world`` simulated ranks: rank r's input is this rank's + r."""
+
+    def gather_into(out, inp):
+        calls.append((out.data_ptr(), inp.data_ptr(), inp.numel()))
+        out.copy_(torch.cat([inp + r for r in range(world)]))
+
+    return gather_into
+
+
+def test_static_all_gather_reuses_its_buffers_up_to_capacity():
+    calls = []
+    gather = StaticAllGather(_stacking_group(2, calls), world=2, capacity=12, device="cpu")
+    for shape in [(2, 3, 2), (1, 2, 3), (2, 3, 2)]:  # fits: the fixed buffers, sliced
+        t = torch.randn(shape, dtype=GATHER_DTYPE)
+        got = gather(t)
+        assert torch.equal(got, torch.stack([t, t + 1]))
+        assert got.data_ptr() == gather.out.data_ptr() and calls[-1][:2] == (
+            gather.out.data_ptr(),
+            gather.local.data_ptr(),
+        )
+    big = torch.randn(13, dtype=GATHER_DTYPE)  # beyond capacity: fresh buffers, same result
+    assert torch.equal(gather(big), torch.stack([big, big + 1]))
+    assert gather.out.data_ptr() not in calls[-1][:2] and calls[-1][2] == 13
+
+
+def test_sharded_topk_through_static_all_gathers_merges_to_the_full_vocabulary():
+    torch.manual_seed(6)
+    num_org, H, bs, L, k = 30, 16, 3, 4, 5
+    w, hid = torch.randn(num_org, H), torch.randn(bs, L, H)
+    weights, shards = _shard(w, num_org, tp=2)
+    exp_logq, exp_ids = _reference(hid, w, k)
+    for capacity in (bs * L * (2 * k + 1), 0):  # the fixed buffers, and fresh ones
+        for logq, ids in _run_tp(hid, weights, shards, k, static_capacity=capacity):
+            torch.testing.assert_close(logq, exp_logq, rtol=1e-5, atol=1e-5)
+            assert torch.equal(ids, exp_ids)

@@ -10,12 +10,10 @@ kernels' own tie breaking: ``python -m pytest tests/test_triton_kernels.py`` on 
 """
 
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from tree_testing import run_under_triton_interpreter
 
 
 def _cases():
@@ -106,17 +104,12 @@ def check_kernels_match_torch(device: str) -> None:
         assert depth[1].tolist() == [0, -1, -1, -1, -1] and tokens[1].tolist() == [6] * 5
 
 
+def check_kernels_match_torch_on_cpu() -> None:
+    check_kernels_match_torch("cpu")
+
+
 def test_triton_kernels_match_torch_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = os.path.dirname(os.path.abspath(__file__))
-    child = f"import sys; sys.path.insert(0, {here!r}); import test_triton_kernels as t; "
-    child += "t.check_kernels_match_torch('cpu'); print('TRITON_OK')"
-    proc = subprocess.run(
-        [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0 and "TRITON_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-5000:]
-    )
+    run_under_triton_interpreter("test_triton_kernels", "check_kernels_match_torch_on_cpu", "OK")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")

@@ -1,4 +1,9 @@
-"""Shared by the tree tests: hypothesis settings and DraftTree <-> oracle-field conversion."""
+"""Shared by the tree tests: hypothesis settings, DraftTree <-> oracle-field conversion, and a
+child process that runs Triton kernels on the CPU."""
+
+import os
+import subprocess
+import sys
 
 from hypothesis import HealthCheck, settings
 
@@ -26,3 +31,19 @@ def fields(tree: DraftTree) -> dict:
         scores=tree.scores,
         num_nodes=tree.num_nodes,
     )
+
+
+def run_under_triton_interpreter(module: str, check: str, marker: str) -> None:
+    """Run ``tests/<module>.py``'s ``check()`` in a child process with ``TRITON_INTERPRET=1``
+    (which must be set before Triton is imported) and assert it printed ``marker``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = f"import sys; sys.path[:0] = [{os.path.dirname(here)!r}, {here!r}]; "
+    child += f"import {module} as t; t.{check}(); print({marker!r})"
+    proc = subprocess.run(
+        [sys.executable, "-c", child],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sglang_spec.tree.topk import AllGather, VocabShard
+from sglang_spec.tree.topk import AllGather, StaticAllGather, VocabShard
 
 # ------------------------------------------------------------------ expectations (data)
 
@@ -191,6 +191,8 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     f"{_W}.draft_model": Member(),
     f"{_W}.draft_model_runner": Member(),
     f"{_W}.draft_parallel_layout": Member(),
+    f"{_W}._draft_sampler": Member(),
+    "sglang.srt.model_executor.model_runner:ModelRunnerOutput.can_run_graph": Member(),
     "sglang.srt.speculative.dflash_worker_v2:_resolve_dflash_embedding_module": Sig(
         ("draft_model", "target_model")
     ),
@@ -853,20 +855,23 @@ def vocab_shard(lm_head: Any) -> VocabShard:
     )
 
 
-def tp_all_gather(lm_head: Any) -> AllGather | None:
-    """All-gather over the tensor-parallel group that shards ``lm_head``'s vocabulary (None on one rank)."""
+def tp_all_gather(lm_head: Any, group: Any, *, capacity: int = 0) -> AllGather | None:
+    """All-gather over ``group``, the tensor-parallel group that shards ``lm_head``'s vocabulary
+    (None on one rank): a :class:`~sglang_spec.tree.topk.StaticAllGather` over
+    ``all_gather_into_tensor`` with fixed buffers of ``capacity`` elements per rank, which a CUDA
+    graph can capture (0: fresh buffers every call)."""
     if getattr(lm_head, "shard_indices", None) is None:
         return None
-    from sglang.srt.runtime_context import get_parallel
-
-    group = get_parallel().tp_group
     world = int(group.world_size)
     if world == 1:
         return None
+    return StaticAllGather(group.all_gather_into_tensor, world, capacity, lm_head.weight.device)
 
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        out = t.new_empty((world, *t.shape))
-        group.all_gather_into_tensor(out.view(-1), t.contiguous().view(-1))
-        return out
 
-    return gather
+# ------------------------------------------------- the draft sampler hook (draft_sampler.py)
+
+
+def draft_sampler(worker: Any) -> Any:
+    """What ``_maybe_build_draft_sampler`` returned when DFlashWorkerV2 captured the drafter's
+    CUDA graphs (None: no graphs, or the head kept eager); replays of those graphs run it."""
+    return worker._draft_sampler

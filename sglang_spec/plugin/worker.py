@@ -3,11 +3,15 @@
 A decode step is one method per stage, called in order by ``_decode_step``
 (docs/plugin-design.md §3 has the data flow with the SGLang function used at each stage):
 
-    draft_stage           DFlash drafter, one TARGET_VERIFY pass over [bonus, MASK*(B-1)]
+    draft_stage           DFlash drafter, one TARGET_VERIFY pass over [bonus, MASK*(B-1)]; the
+                          KV slots of the verify window looked up once for draft and verify
     topk_stage            per-depth top-K through the target LM head, TP-aware
-                          (sglang_spec.tree.sharded_topk: never gathers the vocabulary)
-    tree_stage            build_ddtree_from_topk + sglang_tree_abi -> DDTreeVerifyInput
-    verify_stage          eagle_prepare_for_verify + target TARGET_VERIFY forward
+                          (sglang_spec.tree.sharded_topk: never gathers the vocabulary), and
+                          build_ddtree_from_topk: inside the drafter's CUDA graph when it ran as
+                          one (plugin.draft_sampler), else here, with the same functions
+    tree_stage            sglang_tree_abi -> DDTreeVerifyInput
+    verify_stage          eagle_prepare_for_verify (on the draft's KV slots) + target
+                          TARGET_VERIFY forward
     walk_stage            greedy: eagle_sample (verify_tree_greedy); T > 0: sample_node_tokens
                           (sglang_spec.tree.sampler, no [bs, N, V] buffers) + verify_tree_greedy;
                           with SGLANG_SIMULATE_ACC_LEN (benchmarks) the tree's best path instead
@@ -46,7 +50,6 @@ import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
@@ -72,12 +75,13 @@ from sglang.srt.speculative.spec_utils import (
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 import sglang_spec.plugin.adapter as adapter
+import sglang_spec.plugin.draft_sampler as draft_sampler
 from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
 from sglang_spec.plugin.config import load_budget_policy, runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
-from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree_from_topk, sharded_topk
+from sglang_spec.tree import DraftTree, TreeMaskMode
 from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 
 logger = logging.getLogger("sglang_spec.plugin")
@@ -95,6 +99,9 @@ REQUIRED_PATCHES = (
 class DraftOutput:
     hidden: torch.Tensor  # [bs, block, H] drafter final hidden states
     root_tokens: torch.Tensor  # [bs] int64: the bonus token of the previous step
+    ran_as_graph: bool  # the drafter ran as a CUDA graph, which ran the draft sampler too
+    window: torch.Tensor  # [bs, max(block, N)] KV slots (virtual ids) of prefix + arange(...)
+    kv_loc_plan: Any  # KVLocPlan of the draft block's window, window[:, :block]
 
 
 @dataclass
@@ -131,6 +138,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.config = runtime_config()
+        # The target's TP group, which shards its lm_head's vocabulary; read here, outside any
+        # draft scope (_maybe_build_draft_sampler runs inside one).
+        self.head_group = get_parallel().tp_group
         # Undo the global-width leak: DFlashWorkerV2 sized its draft block from
         # speculative_num_draft_tokens, which for DDTREE is the verify width.
         adapter.resize_draft_block(self, self.config.block_size)
@@ -220,9 +230,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self.budgets.observe(budget, sums.tolist(), n)
 
     def _maybe_build_draft_sampler(self):
-        # The in-graph DFlash head is argmax-only; DDTREE needs top-K per depth, computed
-        # eagerly in topk_stage from the graph's hidden states.
-        return None
+        """The draft LM head, per-depth top-K and tree, folded into the drafter's CUDA graphs
+        (sglang_spec.plugin.draft_sampler; DFLASH's in-graph head is argmax-only)."""
+        return draft_sampler.build(self)
 
     # ------------------------------------------------------------------ entry point
     def forward_batch_generation(
@@ -257,9 +267,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def _decode_step(self, batch, draft_input, on_publish, grammar_barrier):
         """The stages of one decode step, in order."""
         draft = self.draft_stage(batch, draft_input)
-        logq, ids = self.topk_stage(draft.hidden)
-        tree, verify_input = self.tree_stage(batch, logq, ids, draft.root_tokens)
-        verified = self.verify_stage(batch, verify_input, grammar_barrier)
+        tree = self.topk_stage(draft)
+        verify_input = self.tree_stage(batch, tree)
+        verified = self.verify_stage(batch, verify_input, draft, grammar_barrier)
         walked = self.walk_stage(batch, tree, verify_input, verified)
         if self.budgets is not None:
             self.measure_budgets(walked.accept_index, len(batch.seq_lens))
@@ -270,7 +280,11 @@ class DDTreeWorker(DFlashWorkerV2):
     # ----------------------------------------------------------------------- stages
     def draft_stage(self, batch, draft_input) -> DraftOutput:
         """One DFlash drafter pass over [bonus, MASK*(B-1)] at prefix + arange(B); the block's
-        K/V land in the (transient) verify window.
+        K/V land in the (transient) verify window. With the draft sampler (draft_sampler.py) the
+        drafter's CUDA graph also builds the tree.
+
+        The KV slots of prefix + arange(max(B, N)) are looked up once (draft_window) for the
+        draft and the verify (verify_write_locs).
 
         Copy of upstream's draft step (dflash_worker_v2.py:2470-2690, non-compact plain head)
         because DFlashWorkerV2 inlines it in forward_batch_generation, where it ends in argmax
@@ -278,23 +292,20 @@ class DDTreeWorker(DFlashWorkerV2):
         """
         bs = len(batch.seq_lens)
         block = self.config.block_size
-        device = self.device
         buf = adapter.draft_block_buffers(self, bs)
         prefix_lens = batch.seq_lens
 
         buf.block_ids.fill_(adapter.mask_token_id(self))
         buf.block_ids[:, 0].copy_(draft_input.bonus_tokens)
         torch.add(prefix_lens.unsqueeze(1), adapter.block_pos_offsets(self), out=buf.positions)
-        cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=prefix_lens,
-            end_offset=prefix_lens + block,
-            batch_size=bs,
-            draft_token_num=block,
-            device=device,
+        window = draft_window(
+            batch.req_pool_indices,
+            self.model_runner.req_to_token_pool.req_to_token,
+            prefix_lens,
+            block,
+            self.config.verify_width,
         )
-        buf.cache_loc.copy_(cache_loc.view(bs, block))
+        buf.cache_loc.copy_(window[:, :block])
         emb = adapter.embed_draft_block(self, buf.block_ids)
         positions = buf.positions.reshape(-1)
         out_cache_loc = buf.cache_loc.reshape(-1)
@@ -334,7 +345,7 @@ class DDTreeWorker(DFlashWorkerV2):
             spec_info=adapter.draft_block_spec_info(self),
             capture_hidden_mode=CaptureHiddenMode.NULL,
             num_token_non_padded=(
-                torch.full((), bs * block, dtype=torch.int32, device=device)
+                torch.full((), bs * block, dtype=torch.int32, device=self.device)
                 if enable_num_token_non_padded()
                 else None
             ),
@@ -350,32 +361,24 @@ class DDTreeWorker(DFlashWorkerV2):
         return DraftOutput(
             hidden=hidden[: bs * block].view(bs, block, -1),
             root_tokens=draft_input.bonus_tokens.view(-1).to(torch.int64),
+            ran_as_graph=bool(out.can_run_graph),
+            window=window,
+            kv_loc_plan=plan,
         )
 
-    def topk_stage(self, draft_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def topk_stage(self, draft: DraftOutput) -> DraftTree:
         """Per-depth top-K of the drafter marginals q_1..q_L (block rows 1..B-1) through the
-        target LM head, TP-aware (never gathers the vocabulary)."""
-        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
-        if lm_head is None or not hasattr(lm_head, "weight"):
-            raise RuntimeError("DDTREE needs a dense target lm_head.")
-        all_gather = adapter.tp_all_gather(lm_head)  # the target's TP group, outside the context
-        with adapter.draft_tp_context(self):
-            return sharded_topk(
-                draft_hidden[:, 1:, :],
-                lm_head.weight,
-                adapter.vocab_shard(lm_head),
-                self.config.topk_per_depth,
-                temperature=self.config.tree_temperature,
-                all_gather=all_gather,
-            )
+        target LM head, TP-aware (never gathers the vocabulary), and the best-first DDTree of
+        `budget` nodes: read from the draft CUDA graph's static outputs when the draft ran as a
+        graph, else computed here (draft_sampler.step_tree; the same functions either way)."""
+        return draft_sampler.step_tree(self, draft.hidden, draft.root_tokens, draft.ran_as_graph)
 
-    def tree_stage(self, batch, logq, ids, root_tokens) -> tuple[DraftTree, DDTreeVerifyInput]:
-        """Best-first DDTree of `budget` nodes and its SGLang tree ABI, on the device with no host
-        sync. The mask goes straight into the target backend's VerifyMask buffer (which its CUDA
-        graphs read) when the batch fits it; only a batch beyond it allocates one, sized from the
-        host-side lengths: exact without overlap scheduling, else the reserved upper bound
-        (``nxt_kv_lens_sum``, as DFLASH plans its draft with)."""
-        tree = build_ddtree_from_topk(logq, ids, self.config.budget, root_tokens)
+    def tree_stage(self, batch, tree: DraftTree) -> DDTreeVerifyInput:
+        """The tree's SGLang tree ABI, on the device with no host sync. The mask goes straight
+        into the target backend's VerifyMask buffer (which its CUDA graphs read) when the batch
+        fits it; only a batch beyond it allocates one, sized from the host-side lengths: exact
+        without overlap scheduling, else the reserved upper bound (``nxt_kv_lens_sum``, as DFLASH
+        plans its draft with)."""
         vm = self.target_worker.model_runner.attn_backend.verify_mask
         bs, n = tree.tokens.shape
         mask_mode = TreeMaskMode.FULL_MASK if vm is None else TreeMaskMode(int(vm.mode))
@@ -386,7 +389,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if out is None and seq_lens_sum is None and mask_mode == TreeMaskMode.FULL_MASK:
             bound = int(batch.spec_info.nxt_kv_lens_sum)  # >= sum(seq_lens): over-allocated
             out = torch.empty(bound * n + bs * n * n, dtype=torch.bool, device=tree.tokens.device)
-        return tree, verify_input_from_tree(
+        return verify_input_from_tree(
             tree,
             batch.seq_lens,
             self.config,
@@ -397,8 +400,15 @@ class DDTreeWorker(DFlashWorkerV2):
             with_paths=self.server_args.enable_linear_replayssm_spec,
         )
 
-    def verify_stage(self, batch, verify_input, grammar_barrier=None) -> Verified:
-        """Target TARGET_VERIFY forward over the tree (eagle_prepare_for_verify)."""
+    def verify_stage(
+        self, batch, verify_input, draft: DraftOutput, grammar_barrier=None
+    ) -> Verified:
+        """Target TARGET_VERIFY forward over the tree (eagle_prepare_for_verify), writing the KV
+        slots the draft stage looked up (verify_write_locs: no second lookup, and the draft's
+        KV plan when the verify writes exactly the draft's window)."""
+        verify_input.prepared_out_cache_loc, verify_input.kv_loc_plan = verify_write_locs(
+            draft.window, draft.kv_loc_plan, self.config.block_size, self.config.verify_width
+        )
         batch.spec_info = verify_input
         fb, can_graph = eagle_prepare_for_verify(
             verify_input, self.model_runner.req_to_token_pool, batch, self.target_worker
@@ -612,3 +622,47 @@ class DDTreeWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=self.config.verify_width,
             new_seq_lens=nxt.new_seq_lens,
         )
+
+
+# ----------------------------------------------------------- the iteration's KV window
+
+
+def draft_window(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    block: int,
+    verify_width: int,
+) -> torch.Tensor:
+    """``[bs, W]`` KV slots (virtual ids, ``req_to_token``'s) of ``prefix + arange(W)``,
+    ``W = max(block, verify_width)``: the iteration's window, looked up once for the draft block
+    (its first ``block`` columns) and the verify (its first ``verify_width``)."""
+    bs = int(prefix_lens.shape[0])
+    width = max(block, verify_width)
+    return assign_extend_cache_locs_func(
+        req_pool_indices=req_pool_indices,
+        req_to_token=req_to_token,
+        start_offset=prefix_lens,
+        end_offset=prefix_lens + width,
+        batch_size=bs,
+        draft_token_num=width,
+        device=prefix_lens.device,
+    ).view(bs, width)
+
+
+def verify_write_locs(
+    window: torch.Tensor, draft_plan: Any, block: int, width: int
+) -> tuple[torch.Tensor, Any]:
+    """What the verify of ``width`` tokens per request writes, from the draft's ``window``
+    (:func:`draft_window`): its ``out_cache_loc`` ``[bs * width]`` -- equal to what
+    ``eagle_prepare_for_verify`` would look up (``assign_extend_cache_locs_uniform_func`` over the
+    same ``req_to_token`` rows, unchanged since the draft) -- and its KV plan.
+
+    The plan is the draft's when the verify's window is the draft block's (``width == block``,
+    as upstream DFLASH shares it: the same write ids, read extent and lengths); otherwise None and
+    ``ForwardBatch.init_new`` plans the verify's window (``eagle_prepare_for_verify`` passes no
+    write columns, so a plan over another window cannot be bound to it).
+    """
+    if width == block:
+        return draft_plan.write_virtual, draft_plan
+    return window[:, :width].reshape(-1), None

@@ -13,13 +13,17 @@ from .build import (
     draft_topk,
     merge_sharded_topk,
 )
+from .head import DraftHead, StaticDraftTree, draft_tree
 from .layout import ancestor_mask, sglang_tree_abi, tree_positions
-from .topk import VocabShard, shard_logits, sharded_topk
+from .topk import StaticAllGather, VocabShard, shard_logits, sharded_topk
 from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult, bitpack_dtype
 from .walk import sample_target_tokens, walk_greedy, walk_sample
 
 __all__ = [
+    "DraftHead",
     "DraftTree",
+    "StaticAllGather",
+    "StaticDraftTree",
     "TreeABI",
     "TreeMaskMode",
     "VocabShard",
@@ -32,6 +36,7 @@ __all__ = [
     "DEFAULT_TREE_TEMPERATURE",
     "check_tree_temperature",
     "draft_topk",
+    "draft_tree",
     "merge_sharded_topk",
     "sample_target_tokens",
     "shard_logits",

@@ -239,7 +239,7 @@ def build_ddtree_from_topk(
     chain = _chain_length(include_chain, budget, L)
     logq = logq.float().contiguous()
     ids = ids.long().contiguous()
-    root_tokens = root_tokens.long()
+    root_tokens = root_tokens.long().contiguous()  # the Triton kernel reads root b at b
     if logq.is_cuda:
         from .triton_kernels import ddtree_select
 

@@ -1,13 +1,14 @@
 """Per-depth top-K of the drafter through a vocabulary-parallel LM head, without gathering the vocabulary.
 
 Under tensor parallelism each rank holds a slice of the LM head's rows (:class:`VocabShard`). Each
-rank takes its own top-k and log-sum-exp, only ``[tp, bs, L, k]`` values/ids and ``[tp, bs, L]``
-log-sum-exps are all-gathered, and :func:`~sglang_spec.tree.merge_sharded_topk` merges them into
+rank takes its own top-k and log-sum-exp, only its ``[bs, L, k]`` values and ids and ``[bs, L]``
+log-sum-exps are all-gathered (one collective, packed: :func:`gathered_shape`), and :func:`~sglang_spec.tree.merge_sharded_topk` merges them into
 the top-k of the full ``log_softmax``. With one rank (no all-gather) this is exactly
 :func:`~sglang_spec.tree.draft_topk` on the shard's logits.
 
 Plain torch: the caller passes the all-gather as a callable, so nothing here knows a serving
-framework's process groups.
+framework's process groups; :class:`StaticAllGather` wraps a group's ``all_gather_into_tensor``
+so that a CUDA graph can capture it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from .build import check_tree_temperature, draft_topk, merge_sharded_topk
 
 # local tensor [*shape] -> [world, *shape], ranks in order
 AllGather = Callable[[torch.Tensor], torch.Tensor]
+# What sharded_topk all-gathers: float32 values and log-sum-exps and int64 ids below 2**53, exactly.
+GATHER_DTYPE = torch.float64
 
 
 @dataclass(frozen=True)
@@ -106,5 +109,51 @@ def sharded_topk(
     vals, idx = torch.topk(logits, k_local, dim=-1)
     vals = _pad_to(vals, k, float("-inf")).view(bs, L, k)
     ids = _pad_to(vocab_ids[idx], k, 0).view(bs, L, k)
-    lse = torch.logsumexp(logits, dim=-1).view(bs, L)
-    return merge_sharded_topk(all_gather(vals), all_gather(ids), all_gather(lse), k)
+    lse = torch.logsumexp(logits, dim=-1).view(bs, L, 1)
+    # One collective: values, ids and log-sum-exp packed in one tensor (gathered_shape).
+    packed = (vals.to(GATHER_DTYPE), ids.to(GATHER_DTYPE), lse.to(GATHER_DTYPE))
+    gathered = all_gather(torch.cat(packed, dim=-1))
+    return merge_sharded_topk(
+        gathered[..., :k].float(), gathered[..., k : 2 * k].long(), gathered[..., 2 * k].float(), k
+    )
+
+
+def gathered_shape(bs: int, depths: int, k: int) -> tuple[int, int, int]:
+    """Shape of the one tensor (dtype :data:`GATHER_DTYPE`) each rank passes to
+    :func:`sharded_topk`'s all-gather: per row its ``k`` values, ``k`` ids and log-sum-exp."""
+    return (bs, depths, 2 * k + 1)
+
+
+class StaticAllGather:
+    """An :data:`AllGather` through buffers allocated once, which a CUDA graph can capture.
+
+    A captured collective reads and writes the addresses it was captured with, so the rank's
+    input is copied into a fixed buffer and the result lands in another, both sized for
+    ``capacity`` elements (of :data:`GATHER_DTYPE`) per rank and sliced to each call's size. A
+    larger call (an eager batch beyond every captured size) or another dtype gets fresh buffers.
+    The result is a view of the fixed buffer: consume it before the next call.
+    ``gather_into(out, inp)`` is a process group's ``all_gather_into_tensor`` (``out`` holds the
+    ranks' inputs in rank order).
+    """
+
+    def __init__(
+        self,
+        gather_into: Callable[[torch.Tensor, torch.Tensor], None],
+        world: int,
+        capacity: int,
+        device: torch.device | str,
+    ):
+        self.gather_into = gather_into
+        self.world = int(world)
+        self.local = torch.empty(capacity, dtype=GATHER_DTYPE, device=device)
+        self.out = torch.empty(self.world * capacity, dtype=GATHER_DTYPE, device=device)
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel()
+        if n <= self.local.numel() and t.dtype == GATHER_DTYPE:
+            local, out = self.local[:n], self.out[: self.world * n]
+            local.copy_(t.reshape(-1))
+        else:
+            local, out = t.contiguous().view(-1), t.new_empty(self.world * n)
+        self.gather_into(out, local)
+        return out.view(self.world, *t.shape)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Triton and SGLang JIT compile caches across device calls (a fresh device machine starts with
+# empty caches: on the 27B shape the GDN prefill/conv kernels alone compile for 20-45 s at serving
+# time, inside a 10-minute call). Run after `source .gpu-kit/setup.sh` (it sets both cache dirs):
+#   bash e2e/compile_cache.sh restore            # unpack .compile-cache/caches.tar.xz, if carried
+#   bash e2e/compile_cache.sh save "$OUT"        # pack both caches to $OUT/compile-cache.tar.xz
+# Between calls, copy the returned file to .compile-cache/ (ignored) and carry that folder.
+# The tarball is refused above 15 MiB (what a call can bring back per file is 16 MiB).
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIRS=("${TRITON_CACHE_DIR:?source .gpu-kit/setup.sh first}" "${SGLANG_JIT_CACHE_DIR:?}")
+case "${1:-}" in
+restore)
+  f="$HERE/.compile-cache/caches.tar.xz"
+  if [ -f "$f" ]; then
+    tar xJf "$f" -C / && echo "compile_cache: restored $(du -sh "$f" | cut -f1) into ${DIRS[*]}"
+  else
+    echo "compile_cache: nothing to restore ($f absent)"
+  fi
+  ;;
+save)
+  out="${2:?usage: compile_cache.sh save OUTDIR}"
+  present=()
+  for d in "${DIRS[@]}"; do [ -d "$d" ] && present+=("${d#/}"); done
+  [ ${#present[@]} -eq 0 ] && { echo "compile_cache: no cache to save"; exit 0; }
+  tar cJf "$out/compile-cache.tar.xz" -C / "${present[@]}"
+  size=$(stat -c %s "$out/compile-cache.tar.xz")
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
+    rm -f "$out/compile-cache.tar.xz"
+    echo "compile_cache: $size bytes is over 15 MiB, not saved"
+  else
+    echo "compile_cache: saved $size bytes"
+  fi
+  ;;
+*)
+  echo "usage: compile_cache.sh restore | save OUTDIR (got '${1:-}')" >&2
+  exit 2
+  ;;
+esac
