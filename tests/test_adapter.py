@@ -234,3 +234,25 @@ def test_each_pin_differs_from_0_5_23_exactly_where_the_survey_says():
         adapted = survey.ADAPTED.get(version, {})
         named = set(adapted) | {need.target for need in adapted.values()}
         assert differs == named, (version, sorted(differs ^ named))
+
+
+def test_decode_graph_batch_sizes_are_the_resolved_capture_list(monkeypatch):
+    """The graph runners capture ``cuda_graph_config.decode.bs``; the ``--cuda-graph-bs`` input
+    leaf ``cuda_graph_bs_decode`` stays None unless the user gave it (the H200 run that first
+    started the in-graph draft sampler crashed reading it: 'NoneType' object is not iterable).
+    Graphs off -> None. And an override of the resolved config is accepted by SGLang's runtime
+    context (the per-width verify states capture through it)."""
+    import sglang.srt.model_executor.cuda_graph_config as cgc
+    import sglang.srt.runtime_context as rc
+    from sglang.srt.arg_groups.arg_utils import namespace_of
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
+    from sglang.srt.server_args import ServerArgs
+
+    config = CudaGraphConfig(decode=PhaseConfig(backend=Backend.FULL, bs=[4, 1, 2]))
+    graph = SimpleNamespace(cuda_graph_bs_decode=None, cuda_graph_config=config)
+    for module in (rc, cgc):  # check_cuda_graph_backend reads its own imported get_exec
+        monkeypatch.setattr(module, "get_exec", lambda: SimpleNamespace(graph=graph))
+    assert adapter.decode_cuda_graph_bs() == [1, 2, 4]
+    config.decode.backend = Backend.DISABLED
+    assert adapter.decode_cuda_graph_bs() is None
+    assert namespace_of(ServerArgs)["cuda_graph_config"].split(".")[0] == "exec"

@@ -24,6 +24,7 @@ Nothing here imports SGLang at module import time.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -440,6 +441,9 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.model_executor.cuda_graph_config:Backend": Exists(),
     "sglang.srt.model_executor.cuda_graph_config:Phase.DECODE": Exists(),
     "sglang.srt.model_executor.cuda_graph_config:Backend.DISABLED": Exists(),
+    # the resolved capture list (get_exec().graph.cuda_graph_config.decode.bs)
+    "sglang.srt.model_executor.cuda_graph_config:CudaGraphConfig.decode": Member(),
+    "sglang.srt.model_executor.cuda_graph_config:PhaseConfig.bs": Member(),
     "sglang.srt.model_executor.model_runner:ModelRunner._get_attention_backend": Sig(
         ("self", "init_new_workspace")
     ),
@@ -588,7 +592,10 @@ def apply_target_verify_state(worker: Any, state: TargetVerifyState) -> None:
 
 
 def decode_cuda_graph_bs() -> list[int] | None:
-    """The server's decode CUDA-graph batch sizes, None when decode graphs are off."""
+    """The server's decode CUDA-graph batch sizes, None when decode graphs are off: the resolved
+    ``cuda_graph_config.decode.bs`` that the graph runners capture (base_cuda_graph_runner.py
+    ``get_batch_sizes_to_capture``), as upstream DFLASH sizes its draft sampler; not the
+    ``--cuda-graph-bs`` input leaf ``cuda_graph_bs_decode``, which is None unless given."""
     from sglang.srt.model_executor.cuda_graph_config import (
         Backend,
         Phase,
@@ -598,7 +605,7 @@ def decode_cuda_graph_bs() -> list[int] | None:
 
     if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
         return None
-    return sorted(get_exec().graph.cuda_graph_bs_decode)
+    return sorted(get_exec().graph.cuda_graph_config.decode.bs)
 
 
 def build_target_verify_state(
@@ -614,16 +621,16 @@ def build_target_verify_state(
     from sglang.srt.runtime_context import get_context, get_exec, get_spec
 
     ctx = get_context()
-    graph = get_exec().graph
+    graph_config = get_exec().graph.cuda_graph_config
     saved = {
         "speculative_num_draft_tokens": get_spec().speculative_num_draft_tokens,
-        "cuda_graph_bs_decode": graph.cuda_graph_bs_decode,
-        "disable_cuda_graph": graph.disable_cuda_graph,
+        "cuda_graph_config": graph_config,
     }
     override: dict[str, Any] = {"speculative_num_draft_tokens": width}
-    if cuda_graph_bs is not None:
-        override["cuda_graph_bs_decode"] = cuda_graph_bs
-        override["disable_cuda_graph"] = not cuda_graph_bs
+    if cuda_graph_bs:  # the runner captures cuda_graph_config.decode.bs, not cuda_graph_bs_decode
+        override["cuda_graph_config"] = dataclasses.replace(
+            graph_config, decode=dataclasses.replace(graph_config.decode, bs=list(cuda_graph_bs))
+        )
     mr = worker.target_worker.model_runner
     ctx.override("sglang_spec.ddtree.budget_capture", **override)
     try:
