@@ -256,3 +256,30 @@ def test_decode_graph_batch_sizes_are_the_resolved_capture_list(monkeypatch):
     config.decode.backend = Backend.DISABLED
     assert adapter.decode_cuda_graph_bs() is None
     assert namespace_of(ServerArgs)["cuda_graph_config"].split(".")[0] == "exec"
+
+
+def test_verify_states_capture_the_overridden_batch_sizes():
+    """On a published DDTREE configuration (child process: publishing is process-wide): the plug-in
+    reads the decode graph batch sizes SGLang resolved from ``--cuda-graph-max-bs-decode 4`` while
+    the ``--cuda-graph-bs`` input leaf stays None, and a per-width verify state is built under the
+    width and the batch sizes it asks for -- the leaf the graph runner reads -- restored after."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tests/verify_capture_case.py")]
+        + [str(repo / "sglang_spec/fixtures/tiny-pair")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=repo,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT") :])
+    assert out["input_leaf"] is None and out["graph_bs"] == [1, 2, 3, 4]
+    assert out["inside"] == [[1, 2], 65]
+    assert out["eager"] == [[1, 2, 3, 4], 33]
+    assert out["after"] == [[1, 2, 3, 4], 16]

@@ -24,11 +24,13 @@ Nothing here imports SGLang at module import time.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -608,16 +610,12 @@ def decode_cuda_graph_bs() -> list[int] | None:
     return sorted(get_exec().graph.cuda_graph_config.decode.bs)
 
 
-def build_target_verify_state(
-    worker: Any, width: int, cuda_graph_bs: list[int] | None
-) -> TargetVerifyState:
-    """A target verify state for ``width``, as upstream's adaptive EAGLE builds one per step count
-    (eagle_worker_v2.py:1777 ``build_adaptive_runtime_state``, target side, and :1909
-    ``_override_worker_state``): with the spec's width (and the graph batch sizes) overridden, a
-    new attention backend on a new workspace and a ``DecodeCudaGraphRunner`` capturing
-    ``cuda_graph_bs`` (None: graphs off; empty: this width runs eagerly). The DFlash drafter's
-    block does not depend on the verify width, so its graphs are shared."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+@contextlib.contextmanager
+def verify_capture_config(width: int, cuda_graph_bs: list[int] | None) -> Iterator[None]:
+    """SGLang's resolved config as a target verify state of ``width`` is built under it: the spec's
+    verify width and, for a non-empty ``cuda_graph_bs``, the decode batch sizes the graph runner
+    captures (``cuda_graph_config.decode.bs``; not the ``--cuda-graph-bs`` input leaf
+    ``cuda_graph_bs_decode``, which the runner never reads). Restored on exit."""
     from sglang.srt.runtime_context import get_context, get_exec, get_spec
 
     ctx = get_context()
@@ -627,13 +625,30 @@ def build_target_verify_state(
         "cuda_graph_config": graph_config,
     }
     override: dict[str, Any] = {"speculative_num_draft_tokens": width}
-    if cuda_graph_bs:  # the runner captures cuda_graph_config.decode.bs, not cuda_graph_bs_decode
+    if cuda_graph_bs:
         override["cuda_graph_config"] = dataclasses.replace(
             graph_config, decode=dataclasses.replace(graph_config.decode, bs=list(cuda_graph_bs))
         )
-    mr = worker.target_worker.model_runner
     ctx.override("sglang_spec.ddtree.budget_capture", **override)
     try:
+        yield
+    finally:
+        ctx.override("sglang_spec.ddtree.budget_restore", **saved)
+
+
+def build_target_verify_state(
+    worker: Any, width: int, cuda_graph_bs: list[int] | None
+) -> TargetVerifyState:
+    """A target verify state for ``width``, as upstream's adaptive EAGLE builds one per step count
+    (eagle_worker_v2.py:1777 ``build_adaptive_runtime_state``, target side, and :1909
+    ``_override_worker_state``): under :func:`verify_capture_config`, a new attention backend on a
+    new workspace and a ``DecodeCudaGraphRunner`` capturing ``cuda_graph_bs`` (None: graphs off;
+    empty: this width runs eagerly). The DFlash drafter's block does not depend on the verify
+    width, so its graphs are shared."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    mr = worker.target_worker.model_runner
+    with verify_capture_config(width, cuda_graph_bs):
         workspace = mr.init_new_workspace
         try:
             backend = mr._get_attention_backend(init_new_workspace=True)
@@ -647,8 +662,6 @@ def build_target_verify_state(
                 speculative_num_steps=1,
                 speculative_num_draft_tokens=width,
             )
-    finally:
-        ctx.override("sglang_spec.ddtree.budget_restore", **saved)
     return TargetVerifyState(width, backend, runner)
 
 
