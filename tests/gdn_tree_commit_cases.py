@@ -263,7 +263,7 @@ def pricing_case() -> dict:
     }
 
 
-def solve_case(repo: str) -> dict:
+def solve_case() -> dict:
     """``KVCacheConfigurator._handle_max_mamba_cache`` (the auto-fit branch) for the Qwen3.6-27B
     GDN layers with the flag: a DDTREE(64) tree (topk > 1) and a chain (topk 1), extra_buffer with
     overlap off (4 slots per request), at mamba budgets where ``--max-running-requests`` binds and
@@ -271,28 +271,22 @@ def solve_case(repo: str) -> dict:
     GPU's platform checks answered as on CUDA); the 27B parameters replace the model's."""
     import types
 
-    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+    from patched_sglang import publish_tiny_ddtree
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.runtime_context import get_context, get_schedule
-    from sglang.srt.server_args import prepare_server_args
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_spec.plugin.algorithm import register
-
-    mamba_hook._platform_supports_mamba_cache_extra_buffer = lambda: True
-    register()
-    fixtures = os.path.join(repo, "sglang_spec/fixtures/tiny-pair")
-    sa = prepare_server_args(
-        ["--model-path", os.path.join(fixtures, "hybrid"), "--device", "cuda"]
-        + ["--speculative-algorithm", "DDTREE", "--speculative-num-draft-tokens", "64"]
-        + ["--speculative-draft-model-path", os.path.join(fixtures, "hybrid-dflash")]
-        + ["--attention-backend", "triton", "--page-size", "1", "--mem-fraction-static", "0.8"]
-        + ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-linear-replayssm-spec"]
+    sa = publish_tiny_ddtree(
+        "--speculative-num-draft-tokens",
+        "64",
+        "--mem-fraction-static",
+        "0.8",
+        "--mamba-radix-cache-strategy",
+        "extra_buffer",
+        "--enable-linear-replayssm-spec",
         # the session-4 server's scheduler (DDTREE's default is on)
-        + ["--disable-overlap-schedule"]
+        "--disable-overlap-schedule",
     )
-    sa.resolve_once()
-    get_context().set_server_args(sa)
     params = gdn_params(layers=48, hk=16, hv=48, k=128, v=128)
     fake = types.SimpleNamespace(
         mambaish_config=types.SimpleNamespace(mamba2_cache_params=params),
@@ -395,7 +389,7 @@ def main(root: str, fold_rel: str, unpatched_fold: str, repo: str, out_path: str
             "pool": pool_case(),
             "pricing": pricing_case(),
             "hook": hook_case(repo),
-            "solve": solve_case(repo),
+            "solve": solve_case(),
             "applied": applied_case(),
         },
         out_path,

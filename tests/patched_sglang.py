@@ -84,3 +84,29 @@ def run_cases(root: Path, script: str, *args: str, timeout: int = 900):
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return torch.load(out, weights_only=False)
+
+
+def publish_tiny_ddtree(*args: str):
+    """For a child process: register the DDTREE plug-in and publish a tiny-hybrid DDTREE server's
+    configuration as ``launch_server`` does (``prepare_server_args``, ``resolve_once``,
+    ``set_server_args``; publishing is process-wide), with SGLang's GPU platform check for
+    ``extra_buffer`` answered as on CUDA. ``args``: the server's further flags. Returns its
+    ServerArgs."""
+    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_spec.plugin.algorithm import register
+
+    mamba_hook._platform_supports_mamba_cache_extra_buffer = lambda: True
+    register()
+    fixtures = REPO / "sglang_spec/fixtures/tiny-pair"
+    sa = prepare_server_args(
+        ["--model-path", str(fixtures / "hybrid"), "--device", "cuda"]
+        + ["--speculative-algorithm", "DDTREE"]
+        + ["--speculative-draft-model-path", str(fixtures / "hybrid-dflash")]
+        + ["--attention-backend", "triton", "--page-size", "1", *args]
+    )
+    sa.resolve_once()
+    get_context().set_server_args(sa)
+    return sa
