@@ -152,7 +152,7 @@ def test_graph_buffer_takes_the_verify_inputs_paths(results):
 def test_tree_verify_tables():
     tables = TreeVerifyTables(3, 8, "cpu")
     small = tables.scratch(5)
-    assert small.shape == (5, 3, 10) and tables.scratch(4) is small
+    assert small.shape == (5, 3, 11) and tables.scratch(4) is small
     tables.init_graphs(40)
     shared = tables.scratch(40)
     assert shared.shape[0] == 40 and tables.scratch(7) is shared

@@ -86,10 +86,10 @@ def gdn_tree_verify(
         scratch.dtype != torch.float32
         or not scratch.is_contiguous()
         or scratch.shape[0] < bs * n
-        or scratch.shape[1:] != (hv, dv + 2)
+        or scratch.shape[1:] != (hv, dv + 3)
     ):
         raise ValueError(
-            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
+            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 3}] (tree_scratch); "
             f"got {scratch.dtype} {tuple(scratch.shape)}"
         )
     if (ring is None) != (ring_rows is None):

@@ -13,8 +13,9 @@ built once per verify step with a fixed width (``tree_paths(parents, width=horiz
   (parents come first). Per node it loads the ``BT``-slot chunks of the node's path row, its
   ancestors' ``gamma``, keys ``[BT, K]`` and update vectors ``[BT, BV]`` (written by this same
   program for earlier nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The
-  scratch is ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, the node's ``g`` and
-  ``gamma`` in the last two.
+  scratch is ``[bs * N, Hv, V + 3]`` float32: ``u`` in the first ``V`` columns, then the node's ``g``,
+  ``gamma`` and (``SGLANG``) its key's inverse l2 norm, formed once in the prologue so that each
+  node scales its ancestors' key products instead of re-norming their keys.
 
   With ``SGLANG`` set it is the integration kernel of SGLang's tree verify
   (``sglang_verify.gdn_tree_verify``): it reads SGLang's raw inputs instead of prepared ones -- the
@@ -158,9 +159,10 @@ def _tree_kernel(
         s0_ptr, tl.maximum(row, 0), ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
     hk = hv // GRP
-    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma)
+    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 3]
+    # (u, g, gamma, SGLANG: the key's inverse l2 norm)
     o_off = b * N * HV * DV + hv * DV
-    SP: tl.constexpr = DV + 2
+    SP: tl.constexpr = DV + 3
     scr = scr_ptr + b * N * HV * SP + hv * SP
     if row < 0:  # an SGLang padding request: zeros out, nothing else written
         for i in range(N):
@@ -196,6 +198,16 @@ def _tree_kernel(
                     _sglang_beta(b_n.to(tl.float32)),
                     mask=ok_n,
                 )
+        # every node's inverse key norm, once (each node's ancestors below scale by it)
+        for n0 in range(0, N, BT):
+            t = n0 + tl.arange(0, BT)
+            k_t = tl.load(
+                k_base + t[:, None] * sk_n + offs_k[None, :],
+                mask=(t < N)[:, None] & ok_k[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            inv_t = 1.0 / tl.sqrt(tl.sum(k_t * k_t, 1) + 1e-6)
+            tl.store(scr + t * (HV * SP) + DV + 2, inv_t, mask=t < N)
         tl.debug_barrier()  # the gathers below read g back
         g_at = scr + DV  # g of node j: g_at[j * HV * SP]
         sg_node = HV * SP
@@ -247,8 +259,6 @@ def _tree_kernel(
                 mask=anc[:, None] & ok_k[None, :],
                 other=0.0,
             ).to(tl.float32)
-            if SGLANG:
-                k_anc *= (1.0 / tl.sqrt(tl.sum(k_anc * k_anc, 1) + 1e-6))[:, None]
             u_anc = tl.load(
                 scr + node[:, None] * (HV * SP) + offs_v[None, :],
                 mask=anc[:, None] & ok_v[None, :],
@@ -256,6 +266,10 @@ def _tree_kernel(
             )
             kk = tl.sum(k_anc * k_i[None, :], 1)
             qk = tl.sum(k_anc * q_i[None, :], 1)
+            if SGLANG:  # the ancestors' keys l2-normed: their norms from the prologue
+                inv_anc = tl.load(scr + node * (HV * SP) + DV + 2, mask=anc, other=0.0)
+                kk *= inv_anc
+                qk *= inv_anc
             corr_u += tl.sum((w * kk)[:, None] * u_anc, 0)
             corr_o += tl.sum((w * qk)[:, None] * u_anc, 0)
         decay = tl.exp(gamma)
@@ -357,10 +371,10 @@ def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
 
 
 def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
-    """The ``[rows, Hv, V + 2]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
+    """The ``[rows, Hv, V + 3]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
     ``u`` per node and value head, and the node's ``g`` and ``gamma``. Written before it is read,
     so it needs no initialisation and may be shared by consecutive launches."""
-    return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
+    return torch.empty(rows, hv, dv + 3, dtype=torch.float32, device=device)
 
 
 def launch_tree_kernel(
