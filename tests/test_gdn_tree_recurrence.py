@@ -352,7 +352,8 @@ TRITON_CHILD = textwrap.dedent(
 )
 
 
-def test_triton_kernels_match_torch_core_under_interpreter():
+def run_interpreted(script: str, marker: str) -> None:
+    """Run ``script`` in a child process under ``TRITON_INTERPRET=1``; it must print ``marker``."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(
         os.environ,
@@ -360,8 +361,81 @@ def test_triton_kernels_match_torch_core_under_interpreter():
         PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]),
     )
     proc = subprocess.run(
-        [sys.executable, "-c", TRITON_CHILD], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
-    assert proc.returncode == 0 and "TRITON_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-5000:]
-    )
+    assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def test_triton_kernels_match_torch_core_under_interpreter():
+    run_interpreted(TRITON_CHILD, "TRITON_OK")
+
+
+PREP_CHILD = textwrap.dedent(
+    """
+    import torch
+    from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn.triton_tree_recurrence import launch_tree_prep_kernel, tree_prep_scratch
+    from test_gdn_tree_recurrence import random_parents
+
+    def sglang_norm(x):  # SGLang's division-form l2-norm, eps 1e-6
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    gen = torch.Generator().manual_seed(5)
+    worst = 0.0
+    chain = list(range(-1, 19))  # depth 19: a path row wider than one 16-slot chunk
+    # (name, parents rows, hk, dk, extra path columns, cache_indices or None for the raw mode)
+    cases = [
+        ("raw_padded_hk2", [random_parents(gen, 14, 6, 0.25) for _ in range(2)], 2, 12, 2, None),
+        ("sglang_padreq_hk1", [random_parents(gen, 20, 15, 0.2) for _ in range(3)], 1, 16, 0,
+         [4, -1, 0]),
+        ("sglang_deep_hk2", [chain, [-1] + [0] * 19], 2, 8, 3, [1, 0]),
+    ]
+    for name, rows, hk, dk, extra, cache in cases:
+        parents = torch.tensor(rows)
+        bs, n = parents.shape
+        paths = tree_paths(parents, width=tree_paths(parents).shape[2] + extra).to(torch.int32)
+        w = paths.shape[2]
+        # q, k strided views of one projection, with different strides
+        mixed = torch.randn(bs, n, 3 * hk * dk, generator=gen)
+        q = mixed[..., : hk * dk].view(bs, n, hk, dk)
+        k = mixed[..., 2 * hk * dk :].view(bs, n, hk, dk)
+        prep = torch.full((bs * n, hk, 2 * w + 3), float("nan"))
+        scale = dk**-0.5
+        rows_t = None if cache is None else torch.tensor(cache, dtype=torch.int32)
+        launch_tree_prep_kernel(q, k, paths.contiguous(), prep, rows_t, scale)
+        got = prep.view(bs, n, hk, 2 * w + 3)
+
+        if cache is None:
+            kh, qh = k, q
+            inv_k = inv_q = torch.ones(bs, n, hk)
+        else:
+            kh, qh = sglang_norm(k), sglang_norm(q) * scale
+            inv_k = 1 / torch.sqrt((k * k).sum(-1) + 1e-6)
+            inv_q = 1 / torch.sqrt((q * q).sum(-1) + 1e-6)
+        idx = torch.arange(n).view(1, n, 1)
+        anc = (paths >= 0) & (paths != idx)  # [bs, n, w]: the slot holding i itself excluded
+        k_anc = kh[torch.arange(bs).view(bs, 1, 1), paths.clamp(min=0).long()]  # [bs, n, w, hk, dk]
+        k_anc = k_anc * anc[..., None, None]
+        want_kk = torch.einsum("bntha,bnha->bnht", k_anc, kh)
+        want_qk = torch.einsum("bntha,bnha->bnht", k_anc, qh)
+        want = torch.cat(
+            [want_kk, want_qk, (qh * kh).sum(-1, keepdim=True), inv_k[..., None], inv_q[..., None]],
+            dim=-1,
+        )
+        real = torch.ones(bs, dtype=torch.bool) if cache is None else rows_t >= 0
+        err = float((got[real] - want[real]).abs().max())
+        assert err <= 1e-5, (name, err)
+        assert bool(torch.isnan(got[~real]).all()), (name, "a padding request's rows were written")
+        assert float(want_kk[real].abs().max()) > 0.3 and float(want_qk[real].abs().max()) > 0.1, name
+        worst = max(worst, err)
+    print("PREP_OK", worst)
+    """
+)
+
+
+def test_prep_kernel_key_products_match_torch_under_interpreter():
+    """``_tree_prep_kernel``'s rows (ancestor key products with the node's key and query, ``q.k``,
+    inverse norms) against an einsum over the path table: raw and SGLang (l2-norm, scale) modes,
+    padding slots, a padding request (rows left unwritten), 1 and 2 key heads, path tables wider
+    than the deepest path and than one 16-slot chunk, strided q/k."""
+    run_interpreted(PREP_CHILD, "PREP_OK")

@@ -62,3 +62,10 @@ def test_tree_kernel_compiles_for_sm90(sglang_mode, ring, requests):
 def test_replay_kernel_compiles_for_sm90():
     asm = compile_sm90(ttr._replay_kernel, ttr._head_consts(16, 48, 128, 128, 32), ints_32=("D",))
     assert asm["cubin"]
+
+
+@pytest.mark.parametrize("sglang_mode", [True, False])
+def test_tree_prep_kernel_compiles_for_sm90(sglang_mode):
+    consts = dict(W=16, HK=16, DK=128, BK=128, BW=16, SGLANG=sglang_mode)
+    asm = compile_sm90(ttr._tree_prep_kernel, consts, ints_32=("N",))
+    assert asm["cubin"]

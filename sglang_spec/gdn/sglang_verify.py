@@ -3,17 +3,18 @@
 With ``--enable-linear-replayssm-spec`` and a draft tree (patch 0003 makes the pool allocate the
 ReplaySSM ring for it), SGLang's GDN backend verifies the tree without per-node recurrent states:
 one launch of the integration kernel (``triton_tree_recurrence._tree_kernel`` with ``SGLANG`` and
-``RING``) reads the conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows
-``ssm_states[cache_indices[b]]`` and the request's root-first path table, writes the layer's core
-output in the activation dtype and each node's raw inputs into the ring, which the commit
-(patch 0003) replays along the accepted path.
+``RING``, after ``_tree_prep_kernel`` formed each node's key products once per key head) reads the
+conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows ``ssm_states[cache_indices[b]]``
+and the request's root-first path table, writes the layer's core output in the activation dtype
+and each node's raw inputs into the ring, which the commit (patch 0003) replays along the accepted
+path.
 
 * :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
 * :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
   calls for a tree;
 * :class:`TreeVerifyTables` -- the per-backend state the patched ``MambaAttnBackendBase`` keeps: the
   CUDA-graph buffers of ``retrieve_tree_paths`` (one per captured batch size, refreshed at replay)
-  and the kernel's scratch, shared by all layers of a step.
+  and the kernels' scratch and key-product rows, shared by all layers of a step.
 
 ``retrieve_tree_paths`` (``[bs, N, W]`` int32, ``W`` = tree horizon + 1, row i = node i's root-first
 path padded with -1) comes from the verify input (``spec_info.retrieve_tree_paths``, set by the
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_tree_recurrence import launch_tree_kernel, tree_scratch
+from .triton_tree_recurrence import launch_tree_kernel, tree_prep_scratch, tree_scratch
 
 
 def gdn_tree_verify(
@@ -40,6 +41,7 @@ def gdn_tree_verify(
     cache_indices: torch.Tensor,
     paths: torch.Tensor,
     scratch: torch.Tensor,
+    prep: torch.Tensor,
     ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ring_rows: torch.Tensor | None = None,
     block_v: int | None = None,
@@ -51,7 +53,8 @@ def gdn_tree_verify(
     contiguous last dim, as SGLang splits them), ``T = bs * N``; ``a, b [T, Hv]`` the gate inputs;
     ``A_log``, ``dt_bias [Hv]``; ``ssm_states [slots, Hv, V, K]`` the layer's fp32 pool (read only);
     ``cache_indices [>= bs]`` its row per request (< 0: a padding request: zero outputs, no ring
-    stores); ``paths [bs, N, W]`` int32; ``scratch`` from :func:`tree_scratch` with ``>= T`` rows.
+    stores); ``paths [bs, N, W]`` int32; ``scratch`` from :func:`tree_scratch` and ``prep`` from
+    :func:`tree_prep_scratch` (``Hk``, ``W``), both with ``>= T`` rows.
     ``ring = (rawk [R, Hk, N', K], rawv [R, Hv, N', V], g [R, Hv, N'], beta [R, Hv, N'])`` with
     ``N' >= N`` and ``ring_rows [>= bs]`` (rows of ``R``) add the ring stores: column i of request
     b's row holds node i's raw ``k``, ``v`` and its ``g``, ``beta`` (fp32).
@@ -60,7 +63,7 @@ def gdn_tree_verify(
         raise ValueError(
             f"paths must be a contiguous int32 [bs, N, W] table; got {paths.dtype} {tuple(paths.shape)}"
         )
-    bs, n, _ = paths.shape
+    bs, n, width = paths.shape
     if q.dim() != 4 or q.shape[1] != bs * n or q.shape[0] != 1:
         raise ValueError(
             f"q must be [1, bs * N = {bs * n}, Hk, K] for paths {tuple(paths.shape)}; got {tuple(q.shape)}"
@@ -92,6 +95,16 @@ def gdn_tree_verify(
             f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
             f"got {scratch.dtype} {tuple(scratch.shape)}"
         )
+    if (
+        prep.dtype != torch.float32
+        or not prep.is_contiguous()
+        or prep.shape[0] < bs * n
+        or prep.shape[1:] != (hk, 2 * width + 3)
+    ):
+        raise ValueError(
+            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {2 * width + 3}] "
+            f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
+        )
     if (ring is None) != (ring_rows is None):
         raise ValueError("ring and ring_rows go together: give both or neither")
     if ring is not None:
@@ -118,6 +131,7 @@ def gdn_tree_verify(
         paths,
         ssm_states.transpose(-1, -2),
         scratch,
+        prep,
         o,
         sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
         ring=None if ring is None else (*ring, ring_rows),
@@ -128,16 +142,18 @@ def gdn_tree_verify(
 
 
 class TreeVerifyTables:
-    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernel's scratch
-    (shared by every layer and step) and, for CUDA graphs, one static ``retrieve_tree_paths``
-    buffer per captured batch size (allocated when that size is captured, outside the graph;
-    refreshed from the verify input before each replay)."""
+    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernels' scratch
+    and key-product rows (shared by every layer and step) and, for CUDA graphs, one static
+    ``retrieve_tree_paths`` buffer per captured batch size (allocated when that size is captured,
+    outside the graph; refreshed from the verify input before each replay)."""
 
-    def __init__(self, num_v_heads: int, head_v_dim: int, device):
+    def __init__(self, num_k_heads: int, num_v_heads: int, head_v_dim: int, device):
+        self.num_k_heads = num_k_heads
         self.num_v_heads = num_v_heads
         self.head_v_dim = head_v_dim
         self.device = device
         self._scratch: torch.Tensor | None = None
+        self._prep: torch.Tensor | None = None
         self._graphs = False
         self._paths: dict[int, torch.Tensor] = {}
 
@@ -153,22 +169,38 @@ class TreeVerifyTables:
         ):
             return None
         _, _, hv, dv, _ = mamba_pool.mamba_cache.temporal.shape  # [layers, slots, Hv, V, K]
-        return cls(hv, dv, device)
+        hk = mamba_pool.mamba_cache.replayssm_rawk.shape[2]  # [layers, R, Hk, N, K]
+        return cls(hk, hv, dv, device)
 
     def init_graphs(self, max_num_tokens: int) -> None:
         """Size the scratch for the largest captured batch; it stays put from now on (graphs hold
-        its address)."""
+        its address). The key-product rows, whose width needs the tree's, follow at the first
+        capture (:meth:`graph_paths`)."""
         self._scratch = tree_scratch(max_num_tokens, self.num_v_heads, self.head_v_dim, self.device)
+        self._prep = None
         self._graphs = True
 
-    def scratch(self, rows: int) -> torch.Tensor:
-        """A scratch with ``>= rows`` rows: the shared one, grown in eager mode; an eager batch larger
-        than every captured one gets its own (the graphs keep the shared one's address)."""
+    def scratch(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scratch, prep)`` with ``>= rows`` rows, ``prep`` for path tables of width ``width``:
+        the shared ones, grown (or re-made for another width) in eager mode; an eager batch larger
+        than every captured one gets its own (the graphs keep the shared ones' addresses)."""
+        return self._scratch_rows(rows), self._prep_rows(rows, width)
+
+    def _scratch_rows(self, rows: int) -> torch.Tensor:
         if self._scratch is not None and self._scratch.shape[0] >= rows:
             return self._scratch
         fresh = tree_scratch(rows, self.num_v_heads, self.head_v_dim, self.device)
         if not self._graphs:
             self._scratch = fresh
+        return fresh
+
+    def _prep_rows(self, rows: int, width: int) -> torch.Tensor:
+        prep = self._prep
+        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == 2 * width + 3:
+            return prep
+        fresh = tree_prep_scratch(rows, self.num_k_heads, width, self.device)
+        if not self._graphs:
+            self._prep = fresh
         return fresh
 
     def graph_paths(self, bs: int, spec_info) -> torch.Tensor:
@@ -181,6 +213,10 @@ class TreeVerifyTables:
             shape = (bs, int(spec_info.draft_token_num), int(spec_info.spec_steps) + 1)
             buf = torch.full(shape, -1, dtype=torch.int32, device=self.device)
             self._paths[bs] = buf
+            if self._graphs and self._prep is None:  # sized like the scratch, outside the graph
+                self._prep = tree_prep_scratch(
+                    self._scratch.shape[0], self.num_k_heads, shape[2], self.device
+                )
         paths = getattr(spec_info, "retrieve_tree_paths", None)
         if paths is not None:
             if paths.shape[1:] != buf.shape[1:] or paths.shape[0] > bs:
@@ -235,7 +271,7 @@ def replayssm_tree_verify(
         ssm_states,
         cache_indices,
         retrieve_tree_paths[:batch_size],
-        backend.tree_verify.scratch(seq_len),
+        *backend.tree_verify.scratch(seq_len, retrieve_tree_paths.shape[2]),
         ring=(
             layer_cache.replayssm_rawk,
             layer_cache.replayssm_rawv,

@@ -6,15 +6,23 @@ checked against the torch core under ``TRITON_INTERPRET=1`` on the CPU
 function reads anything back to the host, so both can be captured in a CUDA graph when ``paths`` is
 built once per verify step with a fixed width (``tree_paths(parents, width=horizon + 1)``).
 
+- ``_tree_prep_kernel``: one program per (node, request x key head). What depends only on the key
+  head, formed once instead of in every value tile of every value head sharing it: node ``i``'s
+  products with its ancestors' keys, ``KK[t] = khat_anc . khat_i`` and ``QK[t] = khat_anc . qhat_i``
+  per path slot ``t`` (0 for an empty slot and for the slot holding ``i``), ``qhat_i . khat_i`` and
+  the inverse l2 norms of ``k_i``, ``q_i`` (``SGLANG``: ``khat``, ``qhat`` are the l2-normed key
+  and the l2-normed query times ``scale``; else the raw ``k``, ``q`` and norms 1), into
+  ``[bs * N, Hk, 2 * W + 3]`` float32 rows (``tree_prep_scratch``).
 - ``_tree_kernel``: one program per (value tile of ``BV`` columns, request x value head). Its
   prologue forms every node's log-decay sum along its path, ``gamma``, in one vectorised pass over
   the path table (``W`` gathers of all ``N`` nodes at once) into a float32 scratch. It then keeps
   its ``[K, BV]`` tile of the initial state in registers and visits the nodes in index order
-  (parents come first). Per node it loads the ``BT``-slot chunks of the node's path row, its
-  ancestors' ``gamma``, keys ``[BT, K]`` and update vectors ``[BT, BV]`` (written by this same
-  program for earlier nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The
-  scratch is ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, the node's ``g`` and
-  ``gamma`` in the last two.
+  (parents come first). Per node it loads ``k_i``, ``q_i`` (for ``S0^T k_i``, ``S0^T q_i``; normed
+  with the prep's inverse norms), its prep row, and per ``BT``-slot chunk of its path row the
+  ancestors' ``gamma`` and update vectors ``[BT, BV]`` (written by this same program for earlier
+  nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The scratch is
+  ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, then the node's ``g`` and
+  ``gamma``.
 
   With ``SGLANG`` set it is the integration kernel of SGLang's tree verify
   (``sglang_verify.gdn_tree_verify``): it reads SGLang's raw inputs instead of prepared ones -- the
@@ -88,6 +96,78 @@ def _sglang_beta(b):
 
 
 @triton.jit
+def _tree_prep_kernel(
+    q_ptr,
+    k_ptr,
+    paths_ptr,
+    s0_rows_ptr,  # SGLANG: cache_indices (< 0 = a padding request, skipped)
+    prep_ptr,
+    sq_b,
+    sq_n,
+    sq_h,
+    sk_b,
+    sk_n,
+    sk_h,
+    scale,
+    N,
+    W: tl.constexpr,
+    HK: tl.constexpr,
+    DK: tl.constexpr,
+    BK: tl.constexpr,
+    BW: tl.constexpr,
+    SGLANG: tl.constexpr,
+):
+    """Node ``i``'s key products, once per key head (grid: nodes x requests*key heads): row
+    ``(b * N + i) * HK + hk`` of ``prep`` gets ``KK[t] = khat_anc . khat_i`` and
+    ``QK[t] = khat_anc . qhat_i`` for path slot ``t < W`` (0 where the slot is empty or holds ``i``
+    itself), then ``qhat_i . khat_i`` and the inverse norms ``1 / |k_i|``, ``1 / |q_i|`` (1 without
+    ``SGLANG``, where ``khat, qhat`` are the raw ``k, q``; with it they are l2-normed, ``q`` also
+    times ``scale``, in the order of SGLang's recurrent kernel)."""
+    i = tl.program_id(0)
+    b = tl.program_id(1) // HK
+    hk = tl.program_id(1) % HK
+    if SGLANG:
+        if tl.load(s0_rows_ptr + b) < 0:  # a padding request: the tree kernel reads nothing
+            return
+    offs_k = tl.arange(0, BK)
+    ok_k = offs_k < DK
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    q_i = tl.load(q_ptr + b * sq_b + i * sq_n + hk * sq_h + offs_k, mask=ok_k, other=0.0).to(
+        tl.float32
+    )
+    t = tl.arange(0, BW)
+    node = tl.load(paths_ptr + (b * N + i) * W + t, mask=t < W, other=-1)
+    anc = (node >= 0) & (node != i)
+    k_anc = tl.load(
+        k_base + node[:, None] * sk_n + offs_k[None, :],
+        mask=anc[:, None] & ok_k[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    if SGLANG:
+        inv_k = 1.0 / tl.sqrt(tl.sum(k_i * k_i) + 1e-6)
+        inv_q = 1.0 / tl.sqrt(tl.sum(q_i * q_i) + 1e-6)
+        q_i *= inv_q
+        k_i *= inv_k
+        q_i = q_i * scale
+    else:
+        inv_k = 1.0
+        inv_q = 1.0
+    kk = tl.sum(k_anc * k_i[None, :], 1)
+    qk = tl.sum(k_anc * q_i[None, :], 1)
+    if SGLANG:  # the ancestors' keys l2-normed (an empty slot's 0 stays 0)
+        inv_anc = 1.0 / tl.sqrt(tl.sum(k_anc * k_anc, 1) + 1e-6)
+        kk *= inv_anc
+        qk *= inv_anc
+    out = prep_ptr + ((b * N + i) * HK + hk) * (2 * W + 3)
+    tl.store(out + t, kk, mask=t < W)
+    tl.store(out + W + t, qk, mask=t < W)
+    tl.store(out + 2 * W, tl.sum(q_i * k_i))
+    tl.store(out + 2 * W + 1, inv_k)
+    tl.store(out + 2 * W + 2, inv_q)
+
+
+@triton.jit
 def _tree_kernel(
     q_ptr,
     k_ptr,
@@ -100,6 +180,7 @@ def _tree_kernel(
     s0_ptr,
     s0_rows_ptr,  # SGLANG: cache_indices (the pool row per request, < 0 = padding)
     scr_ptr,
+    prep_ptr,  # _tree_prep_kernel's rows
     o_ptr,
     ring_k_ptr,  # RING only: [R, Hk, N, K], [R, Hv, N, V], [R, Hv, N], [R, Hv, N]
     ring_v_ptr,
@@ -158,9 +239,12 @@ def _tree_kernel(
         s0_ptr, tl.maximum(row, 0), ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
     hk = hv // GRP
-    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma)
+    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma);
+    # prep: contiguous [bs * N, HK, 2 * W + 3] (KK, QK, q.k, 1 / |k|, 1 / |q|)
     o_off = b * N * HV * DV + hv * DV
     SP: tl.constexpr = DV + 2
+    PW: tl.constexpr = 2 * W + 3
+    HK: tl.constexpr = HV // GRP
     scr = scr_ptr + b * N * HV * SP + hv * SP
     if row < 0:  # an SGLang padding request: zeros out, nothing else written
         for i in range(N):
@@ -213,6 +297,7 @@ def _tree_kernel(
 
     for i in range(N):
         prow = paths_ptr + (b * N + i) * W
+        pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
         k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
         q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
         v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
@@ -227,8 +312,8 @@ def _tree_kernel(
                         k_i.to(ring_k_ptr.dtype.element_ty),
                         mask=ok_k,
                     )
-            q_i *= 1.0 / tl.sqrt(tl.sum(q_i * q_i) + 1e-6)
-            k_i *= 1.0 / tl.sqrt(tl.sum(k_i * k_i) + 1e-6)
+            q_i *= tl.load(pre + 2 * W + 2)  # the l2-norms from the prep, then the scale
+            k_i *= tl.load(pre + 2 * W + 1)
             q_i = q_i * scale
         beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
         if SGLANG:
@@ -242,27 +327,20 @@ def _tree_kernel(
             anc = (node >= 0) & (node != i)
             gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
             w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
-            k_anc = tl.load(
-                k_base + node[:, None] * sk_n + offs_k[None, :],
-                mask=anc[:, None] & ok_k[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            if SGLANG:
-                k_anc *= (1.0 / tl.sqrt(tl.sum(k_anc * k_anc, 1) + 1e-6))[:, None]
             u_anc = tl.load(
                 scr + node[:, None] * (HV * SP) + offs_v[None, :],
                 mask=anc[:, None] & ok_v[None, :],
                 other=0.0,
             )
-            kk = tl.sum(k_anc * k_i[None, :], 1)
-            qk = tl.sum(k_anc * q_i[None, :], 1)
+            kk = tl.load(pre + t, mask=anc, other=0.0)
+            qk = tl.load(pre + W + t, mask=anc, other=0.0)
             corr_u += tl.sum((w * kk)[:, None] * u_anc, 0)
             corr_o += tl.sum((w * qk)[:, None] * u_anc, 0)
         decay = tl.exp(gamma)
         u_i = beta_i * (v_i - decay * tl.sum(s0 * k_i[:, None], 0) - corr_u)
         tl.store(scr + i * (HV * SP) + offs_v, u_i, mask=ok_v)
         tl.debug_barrier()  # later nodes of this program read u_i back
-        o_i = decay * tl.sum(s0 * q_i[:, None], 0) + corr_o + tl.sum(q_i * k_i) * u_i
+        o_i = decay * tl.sum(s0 * q_i[:, None], 0) + corr_o + tl.load(pre + 2 * W) * u_i
         real = tl.load(prow) >= 0  # a padding slot has no path
         tl.store(
             o_ptr + o_off + i * (HV * DV) + offs_v,
@@ -363,6 +441,42 @@ def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
     return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
 
 
+def tree_prep_scratch(rows: int, hk: int, width: int, device) -> torch.Tensor:
+    """The ``[rows, Hk, 2 * W + 3]`` float32 rows of ``_tree_prep_kernel`` (``rows`` = requests x
+    nodes, ``W`` = the path table's width): per node and key head its ``W`` key products with its
+    ancestors' keys, ``W`` with its query, ``q . k`` and the two inverse norms. Written before it
+    is read, like :func:`tree_scratch`."""
+    return torch.empty(rows, hk, 2 * width + 3, dtype=torch.float32, device=device)
+
+
+def launch_tree_prep_kernel(q, k, paths, prep, rows=None, scale: float = 1.0) -> None:
+    """Launch ``_tree_prep_kernel``: ``q, k [bs, N, Hk, K]`` (last dim contiguous), ``paths
+    [bs, N, W]`` int32 contiguous, ``prep`` from :func:`tree_prep_scratch` with at least ``bs * N``
+    rows. ``rows`` (SGLang's ``cache_indices``; ``< 0`` = a padding request, left unwritten)
+    selects the SGLang mode: l2-normed ``q``, ``k`` and ``q`` times ``scale``."""
+    bs, n, hk, dk = k.shape
+    bk = triton.next_power_of_2(dk)
+    bw = triton.next_power_of_2(paths.shape[2])
+    _tree_prep_kernel[(n, bs * hk)](
+        q,
+        k,
+        paths,
+        paths if rows is None else rows,  # unread without SGLANG
+        prep,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        scale,
+        n,
+        W=paths.shape[2],
+        HK=hk,
+        DK=dk,
+        BK=bk,
+        BW=bw,
+        SGLANG=rows is not None,
+        num_warps=4 if bw * bk >= 4096 else 2,
+    )
+
+
 def launch_tree_kernel(
     q,
     k,
@@ -372,6 +486,7 @@ def launch_tree_kernel(
     paths,
     initial_state,
     scratch,
+    prep,
     o,
     *,
     sglang=None,
@@ -379,10 +494,11 @@ def launch_tree_kernel(
     block_v: int | None = None,
     num_warps: int | None = None,
 ) -> None:
-    """Launch ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``, ``v [bs, N, Hv, V]`` (last dim
+    """Launch ``_tree_prep_kernel`` then ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``, ``v [bs, N, Hv, V]`` (last dim
     contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs ``a``, ``b``), ``paths [bs, N, W]``
     int32 contiguous, ``initial_state`` with ``[Hv, K, V]`` index order per row (any strides),
-    ``scratch`` from :func:`tree_scratch` with at least ``bs * N`` rows, ``o`` contiguous
+    ``scratch`` from :func:`tree_scratch` and ``prep`` from :func:`tree_prep_scratch` with at least
+    ``bs * N`` rows (``_tree_prep_kernel`` fills ``prep`` first), ``o`` contiguous
     ``[bs * N, Hv, V]``-shaped. ``sglang = (A_log, dt_bias, cache_indices, scale)`` selects the
     integration mode; ``ring = (rawk, rawv, g, beta, ring_rows)`` (rings ``[R, Hk, N, K]``,
     ``[R, Hv, N, V]``, ``[R, Hv, N]``, ``[R, Hv, N]``, last dims contiguous) adds the ring stores."""
@@ -406,6 +522,7 @@ def launch_tree_kernel(
             *ring_g.stride()[:2],
             *ring_beta.stride()[:2],
         )
+    launch_tree_prep_kernel(q, k, paths, prep, None if sglang is None else rows, scale)
     _tree_kernel[(triton.cdiv(dv, bv), bs * hv)](
         q,
         k,
@@ -418,6 +535,7 @@ def launch_tree_kernel(
         initial_state,
         rows,
         scratch,
+        prep,
         o,
         ring_k,
         ring_v,
@@ -474,6 +592,7 @@ def tree_gated_delta_rule_triton(
         paths.to(torch.int32).contiguous(),
         initial_state,
         tree_scratch(bs * n, v.shape[2], v.shape[3], k.device),
+        tree_prep_scratch(bs * n, k.shape[2], paths.shape[2], k.device),
         o,
         block_v=block_v,
         num_warps=num_warps,
