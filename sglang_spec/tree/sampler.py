@@ -22,16 +22,25 @@ thresholds on the row weights ``w = exp((l - max l) / T)`` (so ``max w = 1``): k
 
 Rows with ``top_k == 1`` (SGLang's encoding of greedy requests) take the argmax of the raw logits.
 
-Memory: rows are processed in blocks through one float32 workspace of at most ``workspace_bytes``
-(about ``2 x`` that at peak, plus ``O(rows)``), whatever the batch: the weights of a block are
-computed in place, thresholded in place, turned into their running sum in place, and the token is
-the inverse CDF of one uniform per row (``searchsorted``). The thresholds come from the block's
-top ``K`` weights (``torch.topk``, ``K`` from host-side :class:`SamplingBounds`): exact for every
-row with a finite ``top_k`` (its nucleus lies inside its top-k set) and for a ``top_p`` whose
-nucleus fits in ``K``; a row without top-k whose nucleus is wider (a flat distribution) gets
-``tau_p`` by bisection on the float32 bit pattern of the weights (30 masked sums over the block,
-exact), run for a block only when :class:`SamplingBounds` says such a row may exist. Nothing is
-read back to the host; argument values are checked only on the CPU (on CUDA that would sync).
+On CUDA every row is one program of the Triton kernel in ``triton_sampler.py``, which reads the
+raw logits in tiles and writes only ``O(rows)``: a pass for the row max (the token of greedy rows),
+one for the row mass when ``top_p < 1``, the nucleus bisection's passes when a row needs it, one
+for the kept mass and one inverse-CDF pass that stops at the token's tile. ``tau_k`` and ``tau_p``
+come from the row's top ``K`` logits (``torch.topk`` on the raw logits, ``K`` from host-side
+:class:`SamplingBounds`; the weights are monotone in the logits): exact for every row with a
+finite ``top_k`` (its nucleus lies inside its top-k set) and for a ``top_p`` whose nucleus fits in
+``K``; a row without top-k whose nucleus is wider (a flat distribution) gets ``tau_p`` by bisection
+on the float32 bit pattern of the weights (30 masked sums over the row, exact), only in that row's
+program. The kernel's running sums are in another order than torch's ``cumsum``, so a draw can
+differ from the CPU path's only where ``u * Z`` lies within float rounding of a boundary.
+
+On the CPU (the reference) rows are processed in blocks through one float32 workspace of at most
+``workspace_bytes`` (about ``2 x`` that at peak, plus ``O(rows)``), whatever the batch: the weights
+of a block are computed in place, thresholded in place, turned into their running sum in place, and
+the token is the inverse CDF of one uniform per row (``searchsorted``), with the same thresholds
+(the bisection: 30 masked sums over the block, run for a block only when :class:`SamplingBounds`
+says such a row may exist). Nothing is read back to the host; argument values are checked only on
+the CPU (on CUDA that would sync).
 
 Float32 caveat shared with every sampler (flashinfer's included): a token whose weight is below
 ``2^-24`` of the running sum before it is never drawn.
@@ -128,7 +137,8 @@ def sample_node_tokens(
     ``temperature``, ``top_k``, ``top_p``, ``min_p`` (``None``: no min-p) hold one value per
     request (``[bs]`` or SGLang's ``[bs, 1]``), applied to that request's ``N`` consecutive rows.
     ``uniforms [bs*N]`` in ``[0, 1)`` (e.g. seeded coins) drive the inverse CDF; by default they
-    are drawn with ``generator``. ``logits`` is only read.
+    are drawn with ``generator``. ``logits`` is only read. ``workspace_bytes`` bounds the CPU
+    path's workspace (the CUDA kernel needs none).
     """
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(
