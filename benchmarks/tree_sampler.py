@@ -1,13 +1,15 @@
 """``python -m benchmarks.tree_sampler``: the T > 0 node sampler against eagle_sample's dense path.
 
 For every (batch size, verify width N, sampling setting) it times, on random target logits
-``[bs*N, V]`` (float32, as SGLang's LogitsProcessor hands them over; V = 248320 by default), ``sample_node_tokens`` (sglang_spec/tree/
-sampler.py) and, on CUDA, the dense part of SGLang's ``eagle_sample`` that it replaces: softmax with
-temperature, ``top_k_renorm_prob``, ``top_p_renorm_prob``, the ``zeros_like`` draft probs and
-``tree_speculative_sampling_target_only`` over a chain. Each column's peak extra memory is
-``max_memory_allocated`` above what was allocated before the call (the logits excluded). Times are
-medians in ms. Settings: ``T`` (temperature 0.7 only), ``T+k+p`` (0.7, top-k 20, top-p 0.95),
-``T+p`` (1.0, top-p 0.95, no top-k: the nucleus search).
+``[bs*N, V]`` (float32, as SGLang's LogitsProcessor hands them over; V = 248320 by default),
+``sample_node_tokens`` (sglang_spec/tree/sampler.py: on CUDA its Triton row kernel,
+sglang_spec/tree/triton_sampler.py, plus ``torch.topk`` for the settings with top-k or top-p; on
+the CPU the torch path) and, on CUDA, the dense part of SGLang's ``eagle_sample`` that it
+replaces: softmax with temperature, ``top_k_renorm_prob``, ``top_p_renorm_prob``, the
+``zeros_like`` draft probs and ``tree_speculative_sampling_target_only`` over a chain. Each
+column's peak extra memory is ``max_memory_allocated`` above what was allocated before the call
+(the logits excluded). Times are medians in ms. Settings: ``T`` (temperature 0.7 only), ``T+k+p``
+(0.7, top-k 20, top-p 0.95), ``T+p`` (1.0, top-p 0.95, no top-k: the nucleus search).
 
 Before timing it checks correctness on the device: for each setting, 50k draws (5k on the CPU)
 from each of four fixed rows (bfloat16 values, V = 2000: many exact ties) against the exact float64

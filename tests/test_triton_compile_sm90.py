@@ -1,4 +1,5 @@
-"""The GDN tree kernels compile for an H200 (sm_90) on a CPU box.
+"""The GDN tree kernels and the T > 0 node sampler's row kernel compile for an H200 (sm_90) on a
+CPU box.
 
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, the numerical tests) runs a kernel as Python, so
 it accepts code the real compiler refuses -- e.g. a loop variable reused with another type or
@@ -25,12 +26,17 @@ BF16_PTRS = {"q_ptr", "k_ptr", "v_ptr"}
 INT_PTRS = {"paths_ptr", "path_ptr", "s0_rows_ptr", "ring_rows_ptr"}
 
 
-def compile_sm90(jit_fn, constexprs: dict, ints_32: tuple[str, ...] = ()) -> dict:
-    """Compile ``jit_fn`` for sm_90 with pointer/scalar types as the launchers pass them."""
+def compile_sm90(
+    jit_fn, constexprs: dict, ints_32: tuple[str, ...] = (), types: dict | None = None
+) -> dict:
+    """Compile ``jit_fn`` for sm_90 with pointer/scalar types as the launchers pass them
+    (``types``: parameter -> Triton type, for parameters the naming rules get wrong)."""
     params = list(inspect.signature(jit_fn.fn).parameters)
     sig = {}
     for p in params:
-        if p in constexprs:
+        if types and p in types:
+            sig[p] = types[p]
+        elif p in constexprs:
             sig[p] = "constexpr"
         elif p in BF16_PTRS:
             sig[p] = "*bf16"
@@ -68,4 +74,17 @@ def test_replay_kernel_compiles_for_sm90():
 def test_tree_prep_kernel_compiles_for_sm90(sglang_mode):
     consts = dict(W=16, HK=16, DK=128, BK=128, BW=16, SGLANG=sglang_mode)
     asm = compile_sm90(ttr._tree_prep_kernel, consts, ints_32=("N",))
+    assert asm["cubin"]
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16"])
+@pytest.mark.parametrize("candidates", [0, 20, 256])
+def test_row_sampler_kernel_compiles_for_sm90(dtype, candidates):
+    from sglang_spec.tree import triton_sampler as ts
+
+    consts = dict(K=candidates, KB=triton.next_power_of_2(max(candidates, 1)), BV=2048)
+    consts |= dict(HAS_MIN_P=True, TOP_K_FIRST=True, SEARCH=True, ABOVE_ONE=0x3F800001, STEPS=30)
+    types = dict(logits_ptr=dtype, cand_ptr=dtype, k_ptr="*i64", token_ptr="*i64")
+    types |= dict(kept_ptr="*i32", stride_v="i32", V="i32")
+    asm = compile_sm90(ts._row_sample_kernel, consts, types=types)
     assert asm["cubin"]

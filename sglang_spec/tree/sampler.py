@@ -22,16 +22,25 @@ thresholds on the row weights ``w = exp((l - max l) / T)`` (so ``max w = 1``): k
 
 Rows with ``top_k == 1`` (SGLang's encoding of greedy requests) take the argmax of the raw logits.
 
-Memory: rows are processed in blocks through one float32 workspace of at most ``workspace_bytes``
-(about ``2 x`` that at peak, plus ``O(rows)``), whatever the batch: the weights of a block are
-computed in place, thresholded in place, turned into their running sum in place, and the token is
-the inverse CDF of one uniform per row (``searchsorted``). The thresholds come from the block's
-top ``K`` weights (``torch.topk``, ``K`` from host-side :class:`SamplingBounds`): exact for every
-row with a finite ``top_k`` (its nucleus lies inside its top-k set) and for a ``top_p`` whose
-nucleus fits in ``K``; a row without top-k whose nucleus is wider (a flat distribution) gets
-``tau_p`` by bisection on the float32 bit pattern of the weights (30 masked sums over the block,
-exact), run for a block only when :class:`SamplingBounds` says such a row may exist. Nothing is
-read back to the host; argument values are checked only on the CPU (on CUDA that would sync).
+On CUDA every row is one program of the Triton kernel in ``triton_sampler.py``, which reads the
+raw logits in tiles and writes only ``O(rows)``: a pass for the row max (the token of greedy rows),
+one for the row mass when ``top_p < 1``, the nucleus bisection's passes when a row needs it, one
+for the kept mass and one inverse-CDF pass that stops at the token's tile. ``tau_k`` and ``tau_p``
+come from the row's top ``K`` logits (``torch.topk`` on the raw logits, ``K`` from host-side
+:class:`SamplingBounds`; the weights are monotone in the logits): exact for every row with a
+finite ``top_k`` (its nucleus lies inside its top-k set) and for a ``top_p`` whose nucleus fits in
+``K``; a row without top-k whose nucleus is wider (a flat distribution) gets ``tau_p`` by bisection
+on the float32 bit pattern of the weights (30 masked sums over the row, exact), only in that row's
+program. The kernel's running sums are in another order than torch's ``cumsum``, so a draw can
+differ from the CPU path's only where ``u * Z`` lies within float rounding of a boundary.
+
+On the CPU (the reference) rows are processed in blocks through one float32 workspace of at most
+``workspace_bytes`` (about ``2 x`` that at peak, plus ``O(rows)``), whatever the batch: the weights
+of a block are computed in place, thresholded in place, turned into their running sum in place, and
+the token is the inverse CDF of one uniform per row (``searchsorted``), with the same thresholds
+(the bisection: 30 masked sums over the block, run for a block only when :class:`SamplingBounds`
+says such a row may exist). Nothing is read back to the host; argument values are checked only on
+the CPU (on CUDA that would sync).
 
 Float32 caveat shared with every sampler (flashinfer's included): a token whose weight is below
 ``2^-24`` of the running sum before it is never drawn.
@@ -128,7 +137,8 @@ def sample_node_tokens(
     ``temperature``, ``top_k``, ``top_p``, ``min_p`` (``None``: no min-p) hold one value per
     request (``[bs]`` or SGLang's ``[bs, 1]``), applied to that request's ``N`` consecutive rows.
     ``uniforms [bs*N]`` in ``[0, 1)`` (e.g. seeded coins) drive the inverse CDF; by default they
-    are drawn with ``generator``. ``logits`` is only read.
+    are drawn with ``generator``. ``logits`` is only read. ``workspace_bytes`` bounds the CPU
+    path's workspace (the CUDA kernel needs none).
     """
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(
@@ -156,6 +166,8 @@ def sample_node_tokens(
     elif dev.type == "cpu" and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
         raise ValueError(f"uniforms must be in [0, 1); got {uniforms.tolist()}")
 
+    if logits.is_cuda:
+        return _rows_on_device(logits, temp, k, p, mp, uniforms, bounds)[0]
     K = bounds.candidates(V)
     block = min(rows, workspace_bytes // (4 * V))
     work = torch.empty(block, V, dtype=torch.float32, device=dev)
@@ -177,21 +189,37 @@ def sample_node_tokens(
 
 
 def _sample_block(lg, w, temp, k, p, mp, u, K: int, bounds: SamplingBounds) -> torch.Tensor:
-    n, V = w.shape
     peak, argmax = lg.max(dim=-1)
+    _weights_into(w, lg, peak, temp)
+    tau = _thresholds(w, k, p, mp, K, bounds)
+    w.masked_fill_(w < tau[:, None], 0.0)
+    w.cumsum_(dim=-1)
+    # The kept mass is >= 1 (the top weight is 1) and u <= 1 - 2^-24, so u * kept < kept in
+    # float32: the first running sum above it is a kept token's (its weight is > 0).
+    x = u * w[:, -1]
+    token = torch.searchsorted(w, x[:, None], right=True).squeeze(1)
+    return torch.where(k == 1, argmax, token)
+
+
+def _weights_into(w, lg, peak, temp) -> None:
+    """``w = exp((lg - peak) / temp)`` in float32 (``peak``: the row max; the kernel's order)."""
     w.copy_(lg)
     w.sub_(peak.float()[:, None]).div_(temp[:, None]).exp_()
-    total = w.sum(dim=-1)
+
+
+def _thresholds(w, k, p, mp, K: int, bounds: SamplingBounds) -> torch.Tensor:
+    """Per row ``tau = max(tau_k, tau_p, min_p)`` of the weights ``w [n, V]`` (module docstring)."""
+    n, V = w.shape
     finite = k < V
     tau = torch.zeros(n, dtype=torch.float32, device=w.device)
     if K > 0:
         top = torch.topk(w, K, dim=-1, sorted=True).values  # [n, K] descending
         kk = torch.where(finite, k.clamp(max=K), K)
         tau_k = torch.where(finite, top.gather(1, (kk - 1)[:, None]).squeeze(1), 0.0)
-        mass = total
+        mass = w.sum(dim=-1)
         if bounds.top_k_first and bounds.max_top_k > 0:
             in_top_k = torch.where(w >= tau_k[:, None], w, 0.0).sum(dim=-1)
-            mass = torch.where(finite, in_top_k, total)
+            mass = torch.where(finite, in_top_k, mass)
         target = p * mass
         ranks = torch.arange(K, device=w.device)
         cum = torch.where(ranks[None, :] < kk[:, None], top, 0.0).cumsum(dim=-1)
@@ -204,13 +232,27 @@ def _sample_block(lg, w, temp, k, p, mp, u, K: int, bounds: SamplingBounds) -> t
         tau = torch.maximum(tau_k, tau_p)
     if mp is not None:
         tau = torch.maximum(tau, mp)
-    w.masked_fill_(w < tau[:, None], 0.0)
-    w.cumsum_(dim=-1)
-    # The kept mass is >= 1 (the top weight is 1) and u <= 1 - 2^-24, so u * kept < kept in
-    # float32: the first running sum above it is a kept token's (its weight is > 0).
-    x = u * w[:, -1]
-    token = torch.searchsorted(w, x[:, None], right=True).squeeze(1)
-    return torch.where(k == 1, argmax, token)
+    return tau
+
+
+def _rows_on_device(logits, temp, k, p, mp, u, bounds: SamplingBounds, block_v: int = 2048):
+    """The Triton row kernel (triton_sampler.py) on every row: ``(token, tau, kept)``."""
+    from .triton_sampler import row_sample
+
+    return row_sample(
+        logits,
+        temp,
+        k,
+        p,
+        mp,
+        u,
+        bounds.candidates(logits.shape[1]),
+        bounds.top_k_first and bounds.max_top_k > 0,
+        bounds.nucleus_search,
+        _ABOVE_ONE_BITS,
+        _BISECTION_STEPS,
+        block_v,
+    )
 
 
 def _nucleus_bisection(w: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
