@@ -47,8 +47,15 @@ from .recurrence_inputs import check_inputs
 
 #: Fewest programs a launch should have before the value tile narrows (the H200 has 132 SMs and
 #: each runs many of these one-request programs at once; SGLang narrows its verify tile to 4 for
-#: the same reason). ``benchmarks/gdn_tree_recurrence.py --sweep`` measures the alternatives.
-TARGET_PROGRAMS = 1024
+#: the same reason). ``benchmarks/gdn_tree_recurrence.py --sweep`` measures the alternatives; on
+#: the H200 (session 7, 27B layer shape) one warp per program with this target was within 5 % of
+#: the fastest (BV, warps) pair at every bs in {1, 8, 32} and N in {17, 65}.
+TARGET_PROGRAMS = 2048
+
+#: Warps per tree-kernel program: each program walks one (request, value head, value tile) through
+#: its nodes one at a time, so wider programs only add idle lanes (4 warps cost 1.5-2.3x, 2 warps
+#: the earlier 2-4 warps cost up to 1.5x the same tile on 1 warp).
+TREE_WARPS = 1
 
 
 @triton.jit
@@ -557,7 +564,7 @@ def launch_tree_kernel(
         SGLANG=sglang is not None,
         RING=ring is not None,
         **_head_consts(hk, hv, dk, dv, bv),
-        num_warps=num_warps or (4 if bv >= 16 else 2),
+        num_warps=num_warps or TREE_WARPS,
     )
 
 
