@@ -23,7 +23,9 @@ algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` 
 options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
 benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
 ``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
-states, the verify path DFLASH uses, for a like-for-like step comparison), ``stages``
+states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
+DFLASH / NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: their capacity without
+per-draft-token GDN states, the fair baseline for DDTREE's tree ReplaySSM), ``stages``
 (DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
 ``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
 at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
@@ -61,7 +63,7 @@ from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
-FLAG_OPTIONS = {"no-overlap", "no-replayssm", "stages"}
+FLAG_OPTIONS = {"no-overlap", "no-replayssm", "replayssm", "stages"}
 VALUE_OPTIONS = {"b", "acc", "tp", "profile"}
 # What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
 # no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
@@ -159,6 +161,11 @@ def parse_spec(text: str) -> ServerSpec:
         raise argparse.ArgumentTypeError(f"server {text!r}: b= applies to ddtree only")
     if spec.acc is not None and not spec.speculative:
         raise argparse.ArgumentTypeError(f"server {text!r}: acc= applies to speculative servers")
+    if "replayssm" in flags and not (shape.hybrid and spec.algorithm in ("DFLASH", "NEXTN")):
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: replayssm applies to dflash and nextn on hybrid shapes "
+            "(hybrid ddtree has it by default; no-replayssm turns it off)"
+        )
     if "stages" in flags and spec.algorithm != "DDTREE":
         raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree only")
     return spec
@@ -235,6 +242,8 @@ def server_config(
         ours["disable-overlap-schedule"] = True
     if "no-replayssm" in spec.flags:
         ours["enable-linear-replayssm-spec"] = False
+    if "replayssm" in spec.flags:
+        ours["enable-linear-replayssm-spec"] = True
     env = {}
     if spec.acc is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"

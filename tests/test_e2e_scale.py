@@ -83,6 +83,8 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:dflash:acc=0.5", "acc='0.5' must be a float >= 1"),
         ("qwen3.6-27b:dflash:acc=nan", "acc='nan' must be a float >= 1"),
         ("qwen3.6-27b:dflash:stages", "stages applies to ddtree only"),
+        ("qwen3-8b:dflash:replayssm", "replayssm applies to dflash and nextn on hybrid shapes"),
+        ("qwen3.6-27b:ddtree:b=15:replayssm", "replayssm applies to dflash and nextn on hybrid"),
         ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
         ("qwen3.6-27b:dflash:overlap", "bad option 'overlap'"),
         ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
@@ -119,11 +121,12 @@ SPECS = [
         "ar",
         "nextn",
         "dflash",
+        "dflash:replayssm",
         "ddtree:b=15",
         "ddtree:b=15:no-replayssm",
         "ddtree:b=63:acc=4:stages:no-overlap",
     )
-    if alg != "nextn" or SHAPES[shape].has_mtp
+    if (alg != "nextn" or SHAPES[shape].has_mtp) and (":replayssm" not in alg or SHAPES[shape].hybrid)
 ]
 
 
@@ -157,6 +160,8 @@ def test_server_config_in_the_kit(text, tmp_path, monkeypatch, sglang_parse):
     )
     if spec.algorithm == "DDTREE" and spec.shape.hybrid:
         assert a["enable-linear-replayssm-spec"] is ("no-replayssm" not in spec.flags)
+    if spec.algorithm == "DFLASH":
+        assert a.get("enable-linear-replayssm-spec", False) is ("replayssm" in spec.flags)
     env = cfg.env
     assert env.get("SGLANG_SIMULATE_ACC_LEN") == (None if spec.acc is None else f"{spec.acc:g}")
     assert ("SGLANG_DDTREE_STAGE_TIMES" in env) == ("stages" in spec.flags)
