@@ -305,6 +305,40 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def port_owners(port: int) -> set[int]:
+    """The pids holding a listening TCP socket on ``port`` (Linux ``/proc``; empty where it cannot
+    tell: no ``/proc``, or the sockets of other users' processes)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()  # sl, local address, remote address, state, ..., inode (field 9)
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    pids = set()
+    if not inodes:
+        return pids
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                pids.add(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class ServerFailed(RuntimeError):
     """The server exited or never became healthy (``Server.tail()`` says why)."""
 
@@ -356,12 +390,17 @@ class Server:
                 env=env,
                 start_new_session=True,
             )
-        # A fresh server's first /health runs a generation that may JIT-compile kernels: allow 60 s.
-        while time.monotonic() - t0 < self.start_timeout and self.proc.poll() is None:
-            if health_ok(self.url + "/health", timeout=60):
-                self.start_s = round(time.monotonic() - t0, 1)
-                return self.start_s
-            time.sleep(0.5)
+        try:  # whatever interrupts the wait (SIGTERM of a call's time limit) stops the server
+            # A fresh server's first /health runs a generation that may JIT-compile kernels: 60 s.
+            while time.monotonic() - t0 < self.start_timeout and self.proc.poll() is None:
+                if health_ok(self.url + "/health", timeout=60):
+                    self._check_listener_is_ours()
+                    self.start_s = round(time.monotonic() - t0, 1)
+                    return self.start_s
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
         why = (
             f"exited with code {self.proc.returncode}"
             if self.proc.poll() is not None
@@ -369,6 +408,17 @@ class Server:
         )
         self.stop()
         raise ServerFailed(f"{self.cfg.name} {why} (log: {self.log_path})")
+
+    def _check_listener_is_ours(self) -> None:
+        """A server still loading when the port was checked (left by an interrupted run) may bind it
+        first and answer ``/health`` for this one: refuse unless this server's process group holds
+        the listening socket (skipped where /proc cannot tell)."""
+        owners = port_owners(self.port)
+        if owners and not any(_pgid(pid) == self.proc.pid for pid in owners):
+            raise HarnessError(
+                f"port {self.port} is answered by pid {sorted(owners)}, not by this server "
+                f"(process group {self.proc.pid}): stop that server first"
+            )
 
     def stop(self) -> None:
         """Stop the whole process group and wait (<= 30 s) until none of it is left, so that the

@@ -19,6 +19,7 @@ import pytest
 
 from e2e import kit, records, scale
 from e2e.shapes import SHAPES
+from sglang_spec.serving.configs import ServerConfig
 
 FAKE = Path(__file__).with_name("e2e_fake_sglang.py")
 KIT_FLAGS = (
@@ -83,8 +84,8 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:dflash:acc=0.5", "acc='0.5' must be a float >= 1"),
         ("qwen3.6-27b:dflash:acc=nan", "acc='nan' must be a float >= 1"),
         ("qwen3.6-27b:dflash:stages", "stages applies to ddtree only"),
-        ("qwen3-8b:dflash:replayssm", "replayssm applies to dflash and nextn on hybrid shapes"),
-        ("qwen3.6-27b:ddtree:b=15:replayssm", "replayssm applies to dflash and nextn on hybrid"),
+        ("qwen3.6-27b:dflash:replayssm", "replayssm applies to nextn on hybrid shapes"),
+        ("qwen3.6-27b:ddtree:b=15:replayssm", "replayssm applies to nextn on hybrid shapes"),
         ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
         ("qwen3.6-27b:dflash:overlap", "bad option 'overlap'"),
         ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
@@ -121,12 +122,12 @@ SPECS = [
         "ar",
         "nextn",
         "dflash",
-        "dflash:replayssm",
+        "nextn:replayssm",
         "ddtree:b=15",
         "ddtree:b=15:no-replayssm",
         "ddtree:b=63:acc=4:stages:no-overlap",
     )
-    if (alg != "nextn" or SHAPES[shape].has_mtp) and (":replayssm" not in alg or SHAPES[shape].hybrid)
+    if not alg.startswith("nextn") or SHAPES[shape].has_mtp
 ]
 
 
@@ -160,7 +161,7 @@ def test_server_config_in_the_kit(text, tmp_path, monkeypatch, sglang_parse):
     )
     if spec.algorithm == "DDTREE" and spec.shape.hybrid:
         assert a["enable-linear-replayssm-spec"] is ("no-replayssm" not in spec.flags)
-    if spec.algorithm == "DFLASH":
+    if spec.algorithm == "NEXTN":
         assert a.get("enable-linear-replayssm-spec", False) is ("replayssm" in spec.flags)
     env = cfg.env
     assert env.get("SGLANG_SIMULATE_ACC_LEN") == (None if spec.acc is None else f"{spec.acc:g}")
@@ -499,3 +500,59 @@ def test_plugin_install_in_the_kit_and_outside(monkeypatch):
     monkeypatch.setattr(kit.importlib.metadata, "entry_points", lambda group: [])  # noqa: ARG005
     with pytest.raises(kit.HarnessError, match="pip install -e '.\\[sglang\\]'"):
         kit.install_plugin()
+
+
+# ------------------------------------------------------------------------------------ Server.start
+def _sleeping_server(tmp_path, port: int) -> kit.Server:
+    """A "server" that never binds its port (SGLang still loading the model)."""
+    cfg = ServerConfig("sleeper", "m", "AR", {}, env={"PIDFILE": str(tmp_path / "pid")})
+    script = "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(120)"
+    launcher = f'{{python}} -c "{script}"'
+    return kit.Server(cfg, tmp_path / "log", port=port, start_timeout=60, launcher=launcher)
+
+
+def test_sigterm_while_starting_stops_the_server(tmp_path):
+    """Session 7's call 3: ``timeout`` stopped the harness while a server was loading; start() did
+    not stop it (``with`` never reached ``__exit__``), and it later answered for the next run."""
+    import os
+    import signal
+    import threading
+
+    srv = _sleeping_server(tmp_path, _free_port())
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    with kit.sigterm_as_interrupt():
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            srv.start()
+    timer.join()
+    assert srv.proc is None
+    assert not kit.group_alive(int((tmp_path / "pid").read_text()))
+
+
+def test_a_port_answered_by_another_process_is_refused(tmp_path):
+    """The same incident's second half: an older server bound the port after the check and
+    answered /health for the new one, whose run then measured the old server."""
+    import http.server
+    import threading
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    orphan = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    port = orphan.server_address[1]
+    threading.Thread(target=orphan.serve_forever, daemon=True).start()
+    srv = _sleeping_server(tmp_path, port)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kit, "port_in_use", lambda host, p: False)  # bound after the check
+            with pytest.raises(kit.HarnessError, match=f"port {port} is answered by pid"):
+                srv.start()
+    finally:
+        orphan.shutdown()
+        orphan.server_close()
+    assert srv.proc is None  # stopped (it may not have written its pid yet)
