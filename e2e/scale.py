@@ -24,8 +24,8 @@ options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per v
 benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
 ``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
 states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
-DFLASH / NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: their capacity without
-per-draft-token GDN states, the fair baseline for DDTREE's tree ReplaySSM), ``stages``
+NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: its capacity without per-draft-
+token GDN states; SGLang 0.5.23 refuses the flag for DFLASH on GDN models, "requires a KDA model"), ``stages``
 (DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
 ``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
 at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
@@ -161,10 +161,10 @@ def parse_spec(text: str) -> ServerSpec:
         raise argparse.ArgumentTypeError(f"server {text!r}: b= applies to ddtree only")
     if spec.acc is not None and not spec.speculative:
         raise argparse.ArgumentTypeError(f"server {text!r}: acc= applies to speculative servers")
-    if "replayssm" in flags and not (shape.hybrid and spec.algorithm in ("DFLASH", "NEXTN")):
+    if "replayssm" in flags and not (shape.hybrid and spec.algorithm == "NEXTN"):
         raise argparse.ArgumentTypeError(
-            f"server {text!r}: replayssm applies to dflash and nextn on hybrid shapes "
-            "(hybrid ddtree has it by default; no-replayssm turns it off)"
+            f"server {text!r}: replayssm applies to nextn on hybrid shapes (SGLang 0.5.23 allows "
+            "it for DFLASH on KDA models only; hybrid ddtree has it by default, no-replayssm)"
         )
     if "stages" in flags and spec.algorithm != "DDTREE":
         raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree only")
