@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
     tau = {b: tiny[f"DDTREE{b}"] * scale for b in policy.budgets}
     base_tau = {"AR": 1.0, "NEXTN": args.nextn_tau, "DFLASH": args.dflash_tau}
 
-    levels = sorted({c for by_c in costs.values() for c in by_c})
+    levels = sorted(int(c) for c in table)  # the levels DDTREE has a one-batch cost at
     budgets = policy.budgets
     head = ["C"] + [f"DDTREE({b})" for b in budgets] + list(BASELINES)
     head += ["adaptive: budget", "adaptive", "/ best fixed", "/ max(AR, NEXTN, DFLASH)"]

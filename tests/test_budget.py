@@ -295,3 +295,43 @@ def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
     table = cost_table(costs)
     assert table == {"1": {"15": 30.0, "63": 42.0}, "2": {"15": 33.0}}
     assert BudgetPolicy.from_dict({"cost_ms": table}).budgets == (15, 63)
+
+
+def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):
+    """Session 7's table has DFLASH at C = 2 and DDTREE only at C = 1 and 8: the projection used to
+    take every algorithm's levels and crashed on a C with no DDTREE cost."""
+    import json
+
+    from benchmarks.adaptive_budget import main
+
+    rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=64)
+    records = [
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 1, "ms_per_step": 27.5},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 8, "ms_per_step": 37.5},
+        {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 1, "ms_per_step": 26.6},
+        {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 2, "ms_per_step": 27.6},
+        {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 8, "ms_per_step": 39.3},
+    ]
+    (tmp_path / "scale.json").write_text(json.dumps(records))
+    accept = {
+        "rows": [
+            dict(pair="p", method="dflash", completion_tokens=[30], verify_steps=[10]),
+            dict(
+                pair="p",
+                method="ddtree",
+                chain=True,
+                tree_temperature=0.75,
+                budget=15,
+                completion_tokens=[30],
+                verify_steps=[10],
+            ),
+        ]
+    }
+    (tmp_path / "acc.json").write_text(json.dumps(accept))
+    out = main(
+        ["--scale", str(tmp_path / "scale.json"), "--shape", "s", "--pair", "p", "--steps", "50"]
+        + ["--acceptance", str(tmp_path / "acc.json")]
+    )
+    assert [r["concurrency"] for r in out["rows"]] == [1, 8]
+    row8 = out["rows"][1]
+    assert row8["baseline_tokens_per_s"]["DFLASH"] == pytest.approx(8 * 3.0 * 1000 / 39.3)
