@@ -506,7 +506,9 @@ def test_plugin_install_in_the_kit_and_outside(monkeypatch):
 def _sleeping_server(tmp_path, port: int) -> kit.Server:
     """A "server" that never binds its port (SGLang still loading the model)."""
     cfg = ServerConfig("sleeper", "m", "AR", {}, env={"PIDFILE": str(tmp_path / "pid")})
-    script = "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(120)"
+    script = (
+        "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(120)"
+    )
     launcher = f'{{python}} -c "{script}"'
     return kit.Server(cfg, tmp_path / "log", port=port, start_timeout=60, launcher=launcher)
 
@@ -549,7 +551,7 @@ def test_a_port_answered_by_another_process_is_refused(tmp_path):
     srv = _sleeping_server(tmp_path, port)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(kit, "port_in_use", lambda host, p: False)  # bound after the check
+            mp.setattr(kit, "port_in_use", lambda *_: False)  # bound after the check
             with pytest.raises(kit.HarnessError, match=f"port {port} is answered by pid"):
                 srv.start()
     finally:

@@ -248,8 +248,12 @@ def test_accept_index_fits_the_verify_width_below_the_horizon():
 
 def test_config_properties():
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ={})
-    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 64, 0.75)
-    assert cfg.eagle_topk == 64
+    # K: the ranks that keep the chain-inclusive tree exact, budget - L + 1 (tree.exact_topk)
+    assert (cfg.budget, cfg.horizon, cfg.topk_per_depth, cfg.tree_temperature) == (64, 15, 50, 0.75)
+    assert cfg.eagle_topk == 50
+    chain = DDTreeConfig.build(block_size=16, verify_width=16, environ={})
+    assert (chain.topk_per_depth, chain.eagle_topk) == (1, 2)  # budget L: the tree is the chain
+    assert DDTreeConfig.build(block_size=16, verify_width=9, environ={}).topk_per_depth == 8
     env = {ENV_TOPK: "1", ENV_TREE_TEMPERATURE: "0.5"}
     cfg = DDTreeConfig.build(block_size=16, verify_width=65, environ=env)
     assert (cfg.topk_per_depth, cfg.tree_temperature, cfg.eagle_topk) == (1, 0.5, 2)
@@ -261,7 +265,7 @@ def test_config_properties():
 
 def test_config_from_spec():
     spec = SimpleNamespace(speculative_dflash_block_size=8, speculative_num_draft_tokens=33)
-    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 32, 0.75)
+    assert DDTreeConfig.from_spec(spec, environ={}) == DDTreeConfig(8, 33, 26, 0.75)
     for missing in ("speculative_dflash_block_size", "speculative_num_draft_tokens"):
         bad = SimpleNamespace(**{**vars(spec), missing: None})
         with pytest.raises(RuntimeError) as refused:
@@ -281,7 +285,7 @@ def test_runtime_config_reads_the_published_spec(monkeypatch):
     monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
     monkeypatch.delenv(ENV_TOPK, raising=False)
     monkeypatch.delenv(ENV_TREE_TEMPERATURE, raising=False)
-    assert config.runtime_config() == DDTreeConfig(4, 9, 8, 0.75)
+    assert config.runtime_config() == DDTreeConfig(4, 9, 6, 0.75)  # K = budget 8 - L 3 + 1
 
 
 def test_verify_widths(monkeypatch):
@@ -318,14 +322,14 @@ def test_valid_defaults(models):
     assert messages == [
         "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a per-request "
         "mask: one of ('flashinfer', 'fa3', 'triton')).",
-        "DDTREE resolved: block_size=8 (horizon 7), budget=7, verify width=8, K per depth=7, "
+        "DDTREE resolved: block_size=8 (horizon 7), budget=7, verify width=8, K per depth=1, "
         "tree temperature=0.75, simulated acceptance=None, attention=flashinfer.",
     ]
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
     assert cfg.speculative_num_draft_tokens == 8  # budget = block - 1
     assert cfg.speculative_num_steps == 1
-    assert cfg.speculative_eagle_topk == 7
+    assert cfg.speculative_eagle_topk == 2  # K = 1 (the tree is the chain), tree mode kept
     assert cfg.disable_overlap_schedule is False  # SGLang's overlap scheduler, as for DFLASH
     assert cfg.enable_mixed_chunk is False
     assert cfg.attention_backend == "flashinfer"  # declared when none is given
@@ -342,12 +346,12 @@ def test_valid_budget(models, monkeypatch):
             models, "--speculative-num-draft-tokens", "33", "--speculative-dflash-block-size", "8"
         )
     assert messages == [
-        "DDTREE resolved: block_size=8 (horizon 7), budget=32, verify width=33, K per depth=32, "
+        "DDTREE resolved: block_size=8 (horizon 7), budget=32, verify width=33, K per depth=26, "
         "tree temperature=0.5, simulated acceptance=2.5, attention=flashinfer."
     ]
     assert cfg.speculative_num_draft_tokens == 33
     assert cfg.speculative_dflash_block_size == 8
-    assert cfg.speculative_eagle_topk == 32
+    assert cfg.speculative_eagle_topk == 26
     assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 33
 
 
@@ -629,7 +633,7 @@ def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
         config, "applied_patches", lambda: (config.RESERVE_PATCH, *config.GDN_TREE_PATCHES)
     )
     cfg, _ = _resolve(models, flag)
-    assert cfg.enable_linear_replayssm_spec is True and cfg.speculative_eagle_topk == 7
+    assert cfg.enable_linear_replayssm_spec is True and cfg.speculative_eagle_topk == 2
     cfg, _ = _resolve(models, flag, "--linear-attn-verify-backend", "triton")
     assert cfg.speculative_algorithm == "DDTREE"
     # the tree verify is the Triton kernel: an explicit FlashInfer verify, or the one SGLang
@@ -671,8 +675,8 @@ def test_applied_patches_only_when_the_installed_state_is_applied(monkeypatch):
 
 @pytest.mark.usefixtures("loaded")
 def test_topk_env(models, monkeypatch):
-    # budget 16: K in 1..16
-    for k, eagle_topk in (("1", 2), ("4", 4), ("16", 16), ("", 16)):
+    # budget 16, horizon 7: K in 1..16, by default the 10 ranks an exact chain-inclusive tree needs
+    for k, eagle_topk in (("1", 2), ("4", 4), ("16", 16), ("", 10)):
         monkeypatch.setenv(ENV_TOPK, k)
         cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "17")
         assert cfg.speculative_eagle_topk == eagle_topk  # tree mode stays on at K = 1
@@ -749,9 +753,9 @@ def test_budget_by_batch_size_server_args(models, tmp_path, monkeypatch):
             "speculative_num_draft_tokens": 8,
         }
     )
-    small = DDTreeConfig.from_spec(with_width)  # K 16 > budget 7: capped, not refused
+    small = DDTreeConfig.from_spec(with_width)  # K 16 at budget 7 = L: capped at the chain's 1
     assert small == server.for_budget(7)
-    assert (small.verify_width, small.topk_per_depth, small.adaptive_config) == (8, 7, path)
+    assert (small.verify_width, small.topk_per_depth, small.adaptive_config) == (8, 1, path)
     # off: no file carried, the width as given
     monkeypatch.delenv(ENV_TOPK)
     cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "32")
@@ -1029,9 +1033,10 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
     # 4 requests (bucket 4: budget 3 only): width 4; slots <= 3 accepted: 3 + 2 + 3 + 2 tokens
     assert step(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
     assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("backend4", "graphs4")
+    # budget 3 = L: K 1, the ranks its tree (the chain) needs
     assert (w.config.verify_width, w.config.topk_per_depth, w.speculative_num_draft_tokens) == (
         4,
-        3,
+        1,
         4,
     )
     assert w.budgets.tau == {3: 2.5}

@@ -26,6 +26,7 @@ from sglang_spec.tree import (
     build_ddtree,
     build_ddtree_from_topk,
     draft_topk,
+    exact_topk,
     merge_sharded_topk,
     walk_greedy,
 )
@@ -513,6 +514,34 @@ def test_build_from_topk_with_small_k():
     for b in range(bs):
         assert chain.depths[b, 1 : 1 + L].tolist() == list(range(1, L + 1))
         assert chain.tokens[b, 1 : 1 + L].tolist() == ids1[b, :, 0].tolist()
+
+
+@pytest.mark.parametrize("extra", [0, 1, 4])
+def test_exact_topk_is_enough_and_no_more(extra):
+    """The chain-inclusive tree of budget L + extra needs extra + 1 ranks per depth, and exactly
+    that many: here every node outside the chain is a depth-1 sibling of the chain's first node
+    (the flat deeper depths price their children below the ranks 1..extra of depth 1)."""
+    L, V = 3, 8
+    B = L + extra
+    x = torch.zeros(1, L, V)
+    x[0, 0, : extra + 1] = torch.tensor([10.0 - 0.1 * r for r in range(extra + 1)])
+    roots = torch.tensor([7])
+    k = exact_topk(B, L)
+    assert k == extra + 1
+    full = build_ddtree_from_topk(*draft_topk(x, B), B, roots)
+    assert_same_tree(build_ddtree_from_topk(*draft_topk(x, k), B, roots), full)
+    assert_same_tree(build_ddtree(x, B, roots), full)
+    assert sorted(full.tokens[0, 1 + L :].tolist()) == list(range(1, extra + 1))
+    if k > 1:
+        short = build_ddtree_from_topk(*draft_topk(x, k - 1), B, roots)
+        assert short.tokens[0].tolist() != full.tokens[0].tolist()
+
+
+def test_exact_topk_without_the_chain_is_the_budget():
+    assert exact_topk(10, 15) == 10  # budget below the horizon: plain best-first
+    assert exact_topk(15, 15) == 1  # the chain alone
+    assert exact_topk(63, 15) == 49
+    assert exact_topk(63, 15, include_chain=False) == 63
 
 
 # ----------------------------------------------------------------------------------------

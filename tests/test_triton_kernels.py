@@ -33,6 +33,18 @@ def _cases():
     return cases
 
 
+def _check_selection(ref, got, case) -> None:
+    tokens, depth, _, parent, score, num = (t.cpu() for t in got)
+    for name, a, b in [
+        ("tokens", ref.tokens, tokens),
+        ("depths", ref.depths, depth),
+        ("parents", ref.parents, parent),
+        ("scores", ref.scores, score),
+        ("num_nodes", ref.num_nodes, num),
+    ]:
+        assert torch.equal(a, b), (*case, name, a, b)
+
+
 def check_kernels_match_torch(device: str) -> None:
     """Selection, layout and walk on ``device`` (Triton) equal the CPU torch path, bit for bit."""
     from sglang_spec.tree import build, layout, walk
@@ -43,22 +55,17 @@ def check_kernels_match_torch(device: str) -> None:
         return t.to(device)
 
     for bs, L, V, B, chain, lg in _cases():
-        logq, ids = build.draft_topk(lg, min(B, V))
-        roots = torch.arange(bs) + 100
-        ref = build.build_ddtree_from_topk(logq, ids, B, roots, include_chain=chain)
-        n_chain = build._chain_length(chain, B, L)
-        got = tk.ddtree_select(on(logq), on(ids), on(roots), B, n_chain)
-        tokens, depth, _, parent, score, num = (t.cpu() for t in got)
-        for name, a, b in [
-            ("tokens", ref.tokens, tokens),
-            ("depths", ref.depths, depth),
-            ("parents", ref.parents, parent),
-            ("scores", ref.scores, score),
-            ("num_nodes", ref.num_nodes, num),
-        ]:
-            assert torch.equal(a, b), (bs, L, V, B, chain, name, a, b)
+        # the server's K (exact_topk: 1 when B = L with the chain) and the full budget
+        for k in sorted({min(build.exact_topk(B, L, chain), V), min(B, V)}):
+            logq, ids = build.draft_topk(lg, k)
+            roots = torch.arange(bs) + 100
+            ref = build.build_ddtree_from_topk(logq, ids, B, roots, include_chain=chain)
+            n_chain = build._chain_length(chain, B, L)
+            got = tk.ddtree_select(on(logq), on(ids), on(roots), B, n_chain)
+            _check_selection(ref, got, (bs, L, V, B, chain, k))
         if not chain:
             continue  # the layout and walk kernels do not depend on how the tree was chosen
+        tokens, depth, _, parent, score, num = (t.cpu() for t in got)
         tree = DraftTree(*(on(t) for t in (tokens, parent, depth, score, num)), horizon=L)
         seq = torch.randint(0, 300, (bs,))
         for mode in [0, 1] + ([2] if B + 1 <= 32 else []):

@@ -12,9 +12,10 @@ processes, which inherit the launcher's environment.
   i.e. budget = block - 1, the reference default).
 * ``--speculative-dflash-block-size B``: must equal the drafter config's ``block_size`` when both
   are known.
-* ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default ``budget``,
-  the value that makes the best-first tree optimal). A smaller K shrinks the per-depth top-k and
-  its TP all-gather at a possible cost in tree quality.
+* ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default
+  ``sglang_spec.tree.exact_topk``: the fewest that keep the best-first tree exact, ``budget - L +
+  1`` for a chain-inclusive tree, 1 at budget L, ``budget`` below L). A smaller K shrinks the
+  per-depth top-k and its TP all-gather at a possible cost in tree quality.
 * ``SGLANG_DDTREE_TREE_TEMPERATURE=tau``: the tree temperature, a server option: finite, ``> 0``
   (default ``sglang_spec.tree.DEFAULT_TREE_TEMPERATURE`` = 0.75). The tree ranks prefixes by
   ``log_softmax(draft_logits / tau)``: lossless for any value (it only chooses which nodes are
@@ -134,10 +135,11 @@ class DDTreeConfig:
 
     def for_budget(self, budget: int) -> DDTreeConfig:
         """The same server at another candidate budget (budget by batch size): K is capped at
-        the budget, which keeps the tree of every budget exact (its top-``budget`` ranks)."""
-        return replace(
-            self, verify_width=budget + 1, topk_per_depth=min(self.topk_per_depth, budget)
-        )
+        what keeps that budget's tree exact (``sglang_spec.tree.exact_topk``)."""
+        from sglang_spec.tree import exact_topk
+
+        k = min(self.topk_per_depth, exact_topk(budget, self.horizon))
+        return replace(self, verify_width=budget + 1, topk_per_depth=k)
 
     @classmethod
     def build(
@@ -155,7 +157,7 @@ class DDTreeConfig:
         return cls(
             block_size=block,
             verify_width=width,
-            topk_per_depth=parse_topk(env.get(ENV_TOPK), budget=width - 1),
+            topk_per_depth=parse_topk(env.get(ENV_TOPK), budget=width - 1, horizon=block - 1),
             tree_temperature=parse_tree_temperature(env.get(ENV_TREE_TEMPERATURE)),
             simulated_accept_len=parse_simulated_accept_len(
                 env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
@@ -375,10 +377,14 @@ def resolve_adaptive(adaptive: bool, path: str | None, width: int | None) -> int
     return need
 
 
-def parse_topk(raw: str | None, *, budget: int) -> int:
-    """K per depth from ``SGLANG_DDTREE_TOPK`` (unset or empty: ``budget``)."""
+def parse_topk(raw: str | None, *, budget: int, horizon: int) -> int:
+    """K per depth from ``SGLANG_DDTREE_TOPK``; unset or empty: the fewest ranks that keep the
+    chain-inclusive tree exact (``sglang_spec.tree.exact_topk``: ``budget - L + 1`` from budget
+    L on, 1 at budget L where the tree is the chain; ``budget`` below L)."""
+    from sglang_spec.tree import exact_topk
+
     if raw is None or raw.strip() == "":
-        return budget
+        return exact_topk(budget, horizon)
     try:
         k = int(raw)
     except ValueError:

@@ -11,6 +11,7 @@ from .build import (
     build_ddtree_from_topk,
     check_tree_temperature,
     draft_topk,
+    exact_topk,
     merge_sharded_topk,
 )
 from .head import DraftHead, StaticDraftTree, draft_tree
@@ -37,6 +38,7 @@ __all__ = [
     "check_tree_temperature",
     "draft_topk",
     "draft_tree",
+    "exact_topk",
     "merge_sharded_topk",
     "sample_target_tokens",
     "shard_logits",
