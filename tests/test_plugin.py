@@ -1423,6 +1423,43 @@ def test_sync_check_wraps_each_decode_step(monkeypatch):
     assert modes[-1] == 0
 
 
+@pytest.mark.usefixtures("loaded")
+def test_sync_check_warn_counts_every_sync_of_every_step(monkeypatch):
+    """SGLANG_DDTREE_SYNC_CHECK=warn: a sync made at the same code line in two steps, twice in the
+    first, is reported as 2 and then 1 (Python's own filter shows one line for all three); other
+    warnings pass through."""
+    import warnings as w
+
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    from sglang_spec.plugin import worker as worker_mod
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda _: None)
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
+    calls = {"n": 2}
+
+    def syncing(name):
+        if name == "verify":
+            for _ in range(calls["n"]):
+                w.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            w.warn("something else", DeprecationWarning, stacklevel=1)
+
+    worker, _ = _staged_worker([], syncing)
+    worker.config = replace(worker.config, sync_check="warn")
+    logged = []
+    monkeypatch.setattr(worker_mod.logger, "warning", lambda msg, *a: logged.append(msg % a))
+    spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    with w.catch_warnings(record=True) as outside:
+        w.simplefilter("default")  # Python's own: once per code line
+        worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+        calls["n"] = 1
+        worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    assert len(logged) == 2 and worker.sync_steps == 2
+    assert "operation 2 time(s)" in logged[0] and "(1 step(s) so far)" in logged[0]
+    assert "operation 1 time(s)" in logged[1] and "(2 step(s) so far)" in logged[1]
+    assert [str(x.message) for x in outside] == ["something else"] * 2
+
+
 @pytest.mark.parametrize(
     ("raw", "want"), [(None, None), ("", None), ("warn", "warn"), ("error", "error")]
 )

@@ -40,9 +40,9 @@ processes, which inherit the launcher's environment.
 * ``SGLANG_DDTREE_STAGE_TIMES=/path/file.jsonl``: append per-stage host and GPU times of every
   decode step there (``sglang_spec.plugin.stage_times``; profiling only).
 * ``SGLANG_DDTREE_SYNC_CHECK=warn|error``: run every decode step under
-  ``torch.cuda.set_sync_debug_mode`` (a warning, or an error, at each operation that makes the host
-  wait for the GPU; checking only: a step must have none, so that overlap scheduling can hide its
-  host work).
+  ``torch.cuda.set_sync_debug_mode`` (an error at the first operation that makes the host wait for
+  the GPU, or with ``warn`` one log line per step that made any: how many and where first; checking
+  only: a step must have none, so that overlap scheduling can hide its host work).
 
 :func:`handle_server_args` runs in the launcher inside SGLang's
 ``handle_speculative_decoding``, before any model loads: every refusal is a

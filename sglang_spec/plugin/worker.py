@@ -42,6 +42,7 @@ factory does so.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,8 @@ from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 logger = logging.getLogger("sglang_spec.plugin")
 
 # Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
+# torch.cuda.set_sync_debug_mode("warn")'s message (SGLANG_DDTREE_SYNC_CHECK=warn)
+SYNC_WARNING = "called a synchronizing CUDA operation"
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
 # Optional, each for one configuration (patches/README.md; plugin/config.py refuses without them).
 REQUIRED_PATCHES = (
@@ -134,6 +137,7 @@ class DDTreeWorker(DFlashWorkerV2):
     stage_timer: StageTimer | None = None
     # --speculative-adaptive: set in __init__ when on.
     budgets: BudgetController | None = None
+    sync_steps = 0  # SGLANG_DDTREE_SYNC_CHECK=warn: decode steps that made the host wait
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -260,9 +264,33 @@ class DDTreeWorker(DFlashWorkerV2):
             return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
         torch.cuda.set_sync_debug_mode(self.config.sync_check)
         try:
-            return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # every occurrence, not one per code line
+                result = self._decode_step(batch, draft_input, on_publish, grammar_barrier)
         finally:
             torch.cuda.set_sync_debug_mode(0)
+        self._report_syncs(caught)
+        return result
+
+    def _report_syncs(self, caught: list) -> None:
+        """``warn`` mode: one log line per decode step that made the host wait, with how many
+        times and where first (Python shows a warning once per code line, which cannot tell one
+        sync at start-up from one per step); other warnings are shown as they would have been."""
+        syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
+        for w in caught:
+            if SYNC_WARNING not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.sync_steps += bool(syncs)
+        if syncs and get_parallel().tp_rank == 0:
+            logger.warning(
+                "DDTREE sync check: this decode step %s %d time(s), the first at %s:%d "
+                "(%d step(s) so far).",
+                SYNC_WARNING,
+                len(syncs),
+                syncs[0].filename,
+                syncs[0].lineno,
+                self.sync_steps,
+            )
 
     def _decode_step(self, batch, draft_input, on_publish, grammar_barrier):
         """The stages of one decode step, in order."""
