@@ -219,7 +219,7 @@ def test_step_tree_reads_the_static_outputs_only_after_a_graph_replay():
             assert torch.equal(getattr(tree, f), getattr(eager_y, f)), (ran, f)
 
     worker._draft_sampler = sampler
-    for budget in (3, 5):  # --speculative-adaptive: K = min(server K, budget)
+    for budget in (3, 5):  # --speculative-adaptive: its K (exact_topk) gives the K = budget tree
         worker.config = SERVER.for_budget(budget)
         tree = draft_sampler.step_tree(worker, hidden_y, roots, ran_as_graph=True)
         want = _eager(x, x_ids, head, budget=budget, k=min(K, budget))[2]
