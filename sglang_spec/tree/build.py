@@ -146,10 +146,11 @@ def merge_sharded_topk(
 
 def exact_topk(budget: int, horizon: int, include_chain: bool = True) -> int:
     """The fewest ranks per depth K that keep the tree of ``budget`` nodes exact (the tree that
-    K = budget gives). A node enters after its better siblings (its frontier slot passes from
-    rank to rank), so a node outside the chain has rank <= the nodes outside the chain: with the
-    chain (``budget >= horizon``) ``budget - horizon + 1`` ranks suffice, 1 when the tree is the
-    chain; a plain best-first tree needs ``budget``."""
+    K = budget gives). A node of rank r enters after its r better siblings (its frontier slot
+    passes from rank to rank), and under a chain parent rank 0 is the chain node, so with the
+    chain (``budget >= horizon``) no rank exceeds the ``budget - horizon`` nodes outside it:
+    ``budget - horizon + 1`` ranks suffice, 1 when the tree is the chain. A plain best-first tree
+    needs ``budget``."""
     chain = _chain_length(include_chain, budget, horizon)
     return budget - chain + 1 if chain else budget
 
@@ -230,9 +231,9 @@ def build_ddtree_from_topk(
 ) -> DraftTree:
     """Build the DDTree of ``budget`` draft nodes from per-depth top-K log-probs and token ids.
 
-    ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (K >=
-    min(:func:`exact_topk`, V) for exactness); ``root_tokens [bs]`` are the last verified tokens. With ``include_chain`` and
-    ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth d + 1 at slot d + 1) and
+    ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (exact for K >=
+    min(:func:`exact_topk`, V)); ``root_tokens [bs]`` are the last verified tokens. With
+    ``include_chain`` and ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth d + 1 at slot d + 1) and
     the other ``budget - L`` nodes are the best prefixes outside it; otherwise the tree is the plain
     best-first one (module docstring). Raises ``ValueError`` on NaN log-probs when the tensors are on
     the CPU; on CUDA (no host synchronisation allowed) a request whose log-probs contain NaN gets a
@@ -282,9 +283,9 @@ def build_ddtree(
     """Select the ``budget`` highest-scoring draft prefixes from per-depth logits ``[bs, L, V]``.
 
     Score = sum over depths of the log-softmax (of ``logits / temperature``, see :func:`draft_topk`);
-    ranks ``< K = min(exact_topk(budget, L, include_chain), V)`` per depth. ``include_chain`` (default on): when ``budget >= L``
-    the tree contains the argmax chain to depth L (what :func:`build_chain` verifies; the tree
-    temperature does not move an argmax) at slots ``1..L``, the rest best-first; see
+    ranks ``< K = min(exact_topk(budget, L, include_chain), V)`` per depth. ``include_chain``
+    (default on): when ``budget >= L`` the tree contains the argmax chain to depth L (what
+    :func:`build_chain` verifies; the tree temperature does not move an argmax) at slots ``1..L``, the rest best-first; see
     :func:`build_ddtree_from_topk`. NaN logits raise ``ValueError`` on the CPU (see
     :func:`build_ddtree_from_topk` for CUDA).
     """
