@@ -233,9 +233,9 @@ def build_ddtree_from_topk(
 
     ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (exact for K >=
     min(:func:`exact_topk`, V)); ``root_tokens [bs]`` are the last verified tokens. With
-    ``include_chain`` and ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth d + 1 at slot d + 1) and
-    the other ``budget - L`` nodes are the best prefixes outside it; otherwise the tree is the plain
-    best-first one (module docstring). Raises ``ValueError`` on NaN log-probs when the tensors are on
+    ``include_chain`` and ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth
+    d + 1 at slot d + 1) and the other ``budget - L`` nodes are the best prefixes outside it;
+    otherwise the tree is the plain best-first one (module docstring). Raises ``ValueError`` on NaN log-probs when the tensors are on
     the CPU; on CUDA (no host synchronisation allowed) a request whose log-probs contain NaN gets a
     root-only tree, which verifies losslessly.
     """
