@@ -2,7 +2,7 @@
 # Budget by batch size on real SGLang (issue 15 items 2 and 4), tiny hybrid pair, CUDA graphs up to bs 16:
 #   source .gpu-kit/setup.sh && OUT=$OUT PARTS=fixed bash e2e/h200_adaptive.sh      # one device call
 #   source .gpu-kit/setup.sh && OUT=$OUT PARTS=adaptive bash e2e/h200_adaptive.sh   # the next one
-#  fixed:    AR, DFLASH, DDTREE(15) and DDTREE(63) (each: greedy outputs identical to AR's sequentially
+#  fixed:    AR, DFLASH, DDTREE(15) and DDTREE(63), or FIXED_SERVERS (each: greedy outputs identical to AR's sequentially
 #            and concurrently, tokens per verify step, load sweep C = SWEEP, default 1..16);
 #  adaptive: DDTREE with --speculative-adaptive and e2e/adaptive_budgets_tiny.json (candidates
 #            15/31/63 at bs 1-3, 15/31 at 4-15, 15 from 16: a switching exercise, not a measured
@@ -24,7 +24,8 @@ common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
   timeout "${FIXED_LIMIT_S:-540}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/fixed" "${common[@]}" \
-    --servers "ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}" >"$OUT/fixed.log" 2>&1
+    --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}}" \
+    >"$OUT/fixed.log" 2>&1
   echo "fixed rc $?" | tee -a "$OUT/fixed.log"
   tail -n 30 "$OUT/fixed.log"
 fi
