@@ -324,6 +324,8 @@ def test_valid_defaults(models):
         "mask: one of ('flashinfer', 'fa3', 'triton')).",
         "DDTREE resolved: block_size=8 (horizon 7), budget=7, verify width=8, K per depth=1, "
         "tree temperature=0.75, simulated acceptance=None, attention=flashinfer.",
+        "DDTREE: budget 7 = the drafter's horizon, so every tree is the drafter's greedy chain "
+        "(what DFLASH verifies); for a tree give --speculative-num-draft-tokens above 8 (e.g. 32).",
     ]
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
@@ -699,7 +701,8 @@ def test_tree_temperature_env(models, monkeypatch):
         else:
             monkeypatch.setenv(ENV_TREE_TEMPERATURE, raw)
         _resolve(models)
-        assert f"tree temperature={want:g}," in resolved[-1]
+        (line,) = [m for m in resolved[-2:] if m.startswith("DDTREE resolved")]
+        assert f"tree temperature={want:g}," in line
     assert config.parse_tree_temperature(None) == config.parse_tree_temperature(" ") == 0.75
     for bad in ("0", "-2", "nan", "inf", "warm"):
         monkeypatch.setenv(ENV_TREE_TEMPERATURE, bad)

@@ -684,4 +684,13 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         config.simulated_accept_len,
         decode_backend,
     )
+    if adaptive_config is None and config.budget == config.horizon:
+        logger.info(
+            "DDTREE: budget %d = the drafter's horizon, so every tree is the drafter's greedy chain "
+            "(what DFLASH verifies); for a tree give --speculative-num-draft-tokens above %d "
+            "(e.g. %d).",
+            config.budget,
+            config.verify_width,
+            4 * (config.horizon + 1),
+        )
     return config
