@@ -24,7 +24,7 @@ import warnings
 from unittest import mock
 
 from benchmarks.acceptance import write_json
-from sglang_spec.reference.tiny_pair import FIXTURES
+from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="DDTREE rows with the drafter's chain in the tree, without it, or both",
     )
     p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="heldout",
+        help="held-out stdlib modules, or click (a code base the pairs never saw)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--fixtures", default=str(FIXTURES))
     p.add_argument("--json", help="also write the settings and per-prompt counts to this file")
@@ -99,7 +105,9 @@ def measure(args) -> list[dict]:
     rows = []
     for pair in args.pairs.split(","):
         tokenizer, target, drafter = tiny_pair.load_pair(pair, args.fixtures)
-        prompts = tiny_pair.heldout_prompts(args.num_prompts, args.fixtures)
+        prompts = tiny_pair.heldout_prompts(
+            args.num_prompts, args.fixtures, prompt_set=args.prompt_set
+        )
         stops = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         inputs = [tokenizer(p, return_tensors="pt").input_ids for p in prompts]
         ar_tokens = None
@@ -152,7 +160,8 @@ def print_tables(rows: list[dict], args) -> None:
     top = max(args.budgets)
     print(
         f"# Tokens per verify step (SGLang's completion_tokens / spec_verify_ct, pooled), reference "
-        f"engine, greedy, {args.num_prompts} held-out prompts, up to {args.max_new_tokens} new "
+        f"engine, greedy, {args.num_prompts} prompts ({args.prompt_set}), up to "
+        f"{args.max_new_tokens} new "
         f"tokens, stop at EOS (python -m benchmarks.chain_inclusive)\n"
     )
     cols = [f"B={b}" for b in args.budgets]

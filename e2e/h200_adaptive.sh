@@ -9,6 +9,7 @@
 #            cost table), the same checks, compared with the fixed part's e2e.json when it is there
 #            (--baseline); exits 1 unless the server's log shows the per-width verify states it built
 #            ("DDTREE budget by batch size: target verify states ...").
+# PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
 # The DDTREE servers run as a hybrid deployment would: MODS (default +graphs+patched+replayssm: CUDA
 # graphs, the patch series applied, the GDN tree ReplaySSM). Both parts together took more than one
 # 10-minute call in session 7, hence PARTS.
@@ -19,7 +20,7 @@ F=$PWD/sglang_spec/fixtures/tiny-pair
 export PYTHONUNBUFFERED=1
 MODS=${MODS-+graphs+patched+replayssm}
 PARTS=${PARTS:-fixed adaptive}
-common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl"
+common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
   --graph-bs 16 --sweep "${SWEEP:-1,2,4,8,16}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then

@@ -46,6 +46,28 @@ def test_fixtures_are_small_and_complete():
     assert heldout_prompts(len(PROMPTS)) == PROMPTS
 
 
+def test_othercode_prompts_come_from_another_code_base(tmp_path):
+    """The ``othercode`` set is click's documented functions, none from the training corpus (the
+    stdlib); ``python -m training.prompts`` writes it the way the tokenizer stage writes the
+    held-out set, and rewrites the shipped file exactly."""
+    import json
+
+    from training.prompts import main
+
+    other = heldout_prompts(prompt_set="othercode")
+    assert len(other) >= 30 and not set(other) & set(PROMPTS)
+    rows = [json.loads(x) for x in (ROOT / "othercode_prompts.jsonl").read_text().splitlines()]
+    assert {r["source"].split()[0] for r in rows} == {"click"}
+    assert main(["--package", "click", "--out", str(tmp_path / "p.jsonl")]) == 0
+    assert (tmp_path / "p.jsonl").read_text() == (ROOT / "othercode_prompts.jsonl").read_text()
+    with pytest.raises(ValueError, match="prompt set 'nope'; valid: heldout, othercode"):
+        heldout_prompts(prompt_set="nope")
+    with pytest.raises(SystemExit, match="'textwrap': not an installed package"):
+        main(["--package", "textwrap", "--out", str(tmp_path / "q.jsonl")])  # a single module
+    with pytest.raises(SystemExit, match="'json': no distribution metadata"):
+        main(["--package", "json", "--out", str(tmp_path / "q.jsonl")])  # the stdlib's
+
+
 def test_loader_names_a_bad_pair_or_directory(tmp_path):
     with pytest.raises(ValueError, match=r"pair must be one of \['hybrid', 'qwen3'\]; got 'nope'"):
         load_pair("nope")

@@ -14,6 +14,8 @@ Outputs (``--out DIR``, bf16, < 20 MB in all):
     qwen3/           Qwen3ForCausalLM, pure attention, tied embeddings
     qwen3-dflash/    DFlash drafter for qwen3/
     heldout_prompts.jsonl   signature+docstring prompts from the held-out stdlib modules
+    othercode_prompts.jsonl the same from a code base the pair never saw (click), written by
+                            ``python -m training.prompts --package click`` (training/prompts.py)
     train_config.json       every setting, versions, step counts, losses (merged across stages)
 
 Stages (``--stage a+b+c``; components run in the fixed order below, whatever order is given):

@@ -40,11 +40,19 @@ def load_pair(pair: str = "hybrid", fixtures: Path = FIXTURES):
     return tokenizer, target, drafter
 
 
+#: The bundled prompt sets: held-out stdlib modules (``heldout``), and a code base the pair never
+#: saw (``othercode``: click, written by ``python -m training.prompts``).
+PROMPT_SETS = ("heldout", "othercode")
+
+
 def heldout_prompts(
-    num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True
+    num: int | None = None, fixtures: Path = FIXTURES, spread: bool = True, prompt_set="heldout"
 ) -> list[str]:
-    """The held-out prompts: ``num`` of them spread over the held-out modules (or the first ``num``)."""
-    path = Path(fixtures) / "heldout_prompts.jsonl"
+    """Prompts the pair was not trained on: ``num`` of them spread over the set's modules (or the
+    first ``num``), from ``<prompt_set>_prompts.jsonl``."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"prompt set {prompt_set!r}; valid: {', '.join(PROMPT_SETS)}")
+    path = Path(fixtures) / f"{prompt_set}_prompts.jsonl"
     prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
     if num is None:
         return prompts
