@@ -9,7 +9,8 @@
 #            cost table), the same checks, compared with the fixed part's e2e.json when it is there
 #            (--baseline); exits 1 unless the server's log shows the per-width verify states it built
 #            ("DDTREE budget by batch size: target verify states ...").
-# PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
+# DIST_SAMPLES=N adds the 2-token samples `python -m e2e.sampling_check` tests against the target's
+# exact float32 law (offline, on the CPU). PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
 # The DDTREE servers run as a hybrid deployment would: MODS (default +graphs+patched+replayssm: CUDA
 # graphs, the patch series applied, the GDN tree ReplaySSM). Both parts together took more than one
 # 10-minute call in session 7, hence PARTS.
@@ -24,7 +25,10 @@ common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-
   --graph-bs 16 --sweep "${SWEEP:-1,2,4,8,16}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
+  dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)
+  [ -n "${DIST_SAMPLES:-}" ] && dist=(--dist-samples "$DIST_SAMPLES" --dist-servers "ar+graphs,ddtree63${MODS}")
   timeout "${FIXED_LIMIT_S:-540}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/fixed" "${common[@]}" \
+    "${dist[@]}" \
     --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}}" \
     >"$OUT/fixed.log" 2>&1
   echo "fixed rc $?" | tee -a "$OUT/fixed.log"
