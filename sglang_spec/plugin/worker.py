@@ -87,9 +87,9 @@ from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 
 logger = logging.getLogger("sglang_spec.plugin")
 
-# Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 # torch.cuda.set_sync_debug_mode("warn")'s message (SGLANG_DDTREE_SYNC_CHECK=warn)
 SYNC_WARNING = "called a synchronizing CUDA operation"
+# Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
 # Optional, each for one configuration (patches/README.md; plugin/config.py refuses without them).
 REQUIRED_PATCHES = (
