@@ -53,8 +53,8 @@ from .recurrence_inputs import check_inputs
 TARGET_PROGRAMS = 2048
 
 #: Warps per tree-kernel program: each program walks one (request, value head, value tile) through
-#: its nodes one at a time, so wider programs only add idle lanes (4 warps cost 1.5-2.3x, 2 warps
-#: the earlier 2-4 warps cost up to 1.5x the same tile on 1 warp).
+#: its nodes one at a time, so wider programs only add idle lanes (in that sweep the earlier 2-4
+#: warps cost up to 1.5x the same tile on 1 warp).
 TREE_WARPS = 1
 
 
