@@ -17,7 +17,7 @@ budget N - 1, random logits):
   ``tree_paths(parents, width=L+1)`` table (a prep launch forms each node's products with its
   ancestors' keys once per key head, then the tree kernel); its value tile ``BV`` chosen from
   ``bs * Hv`` (``triton_tree_recurrence.choose_block_v``); ``--sweep`` also times every ``BV`` in
-  4..32 with 1 and 4 warps and prints the best;
+  4..32 with 1, 2 and 4 warps and prints the best;
 * **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
@@ -97,7 +97,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
     return float(((got - want).abs() / (atol + rtol * want.abs())).max())
 
 
-SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 4)]
+SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
 
 
 def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
