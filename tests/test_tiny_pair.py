@@ -46,22 +46,48 @@ def test_fixtures_are_small_and_complete():
     assert heldout_prompts(len(PROMPTS)) == PROMPTS
 
 
-def test_othercode_prompts_come_from_another_code_base(tmp_path):
-    """The ``othercode`` set is click's documented functions, none from the training corpus (the
-    stdlib); ``python -m training.prompts`` writes it the way the tokenizer stage writes the
-    held-out set, and rewrites the shipped file exactly."""
+def test_othercode_prompts_come_from_another_code_base():
+    """The ``othercode`` set is click's documented functions (``python -m training.prompts
+    --package click``), none of them from the training corpus (the stdlib)."""
     import json
-
-    from training.prompts import main
 
     other = heldout_prompts(prompt_set="othercode")
     assert len(other) >= 30 and not set(other) & set(PROMPTS)
     rows = [json.loads(x) for x in (ROOT / "othercode_prompts.jsonl").read_text().splitlines()]
-    assert {r["source"].split()[0] for r in rows} == {"click"}
-    assert main(["--package", "click", "--out", str(tmp_path / "p.jsonl")]) == 0
-    assert (tmp_path / "p.jsonl").read_text() == (ROOT / "othercode_prompts.jsonl").read_text()
+    assert {r["source"] for r in rows} == {"click 8.5.1 (BSD-3-Clause)"}
+    assert (ROOT / "othercode_prompts.LICENSE").read_text().startswith("Copyright 2014 Pallets")
     with pytest.raises(ValueError, match="prompt set 'nope'; valid: heldout, othercode"):
         heldout_prompts(prompt_set="nope")
+
+
+def test_training_prompts_extracts_a_packages_documented_functions(tmp_path, monkeypatch):
+    """``python -m training.prompts`` on a package it is given: signature + docstring prompts of
+    its public documented functions, the package, version and licence in every row; one-line
+    refusals for a module and for a package without distribution metadata."""
+    import json
+
+    from training.prompts import main
+
+    pkg = tmp_path / "site" / "demopkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text(
+        "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n    return a + b\n\n\n"
+        "def _hidden(a):\n    \"\"\"Private.\"\"\"\n    return a\n\n\n"
+        "def bare(a):\n    return a\n"
+    )
+    meta = tmp_path / "site" / "demopkg-1.2.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(
+        "Metadata-Version: 2.4\nName: demopkg\nVersion: 1.2\nLicense-Expression: MIT\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    out = tmp_path / "p.jsonl"
+    assert main(["--package", "demopkg", "--out", str(out)]) == 0
+    (row,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert row["id"] == "ops:add" and row["source"] == "demopkg 1.2 (MIT)"
+    assert row["prompt"] == 'def add(a, b):\n    """Add two numbers."""\n'
+    assert row["reference"] == "    return a + b\n"
     with pytest.raises(SystemExit, match="'textwrap': not an installed package"):
         main(["--package", "textwrap", "--out", str(tmp_path / "q.jsonl")])  # a single module
     with pytest.raises(SystemExit, match="'json': no distribution metadata"):
