@@ -72,8 +72,8 @@ def test_training_prompts_extracts_a_packages_documented_functions(tmp_path, mon
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "ops.py").write_text(
-        "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n    return a + b\n\n\n"
-        "def _hidden(a):\n    \"\"\"Private.\"\"\"\n    return a\n\n\n"
+        'def add(a, b):\n    """Add two numbers."""\n    return a + b\n\n\n'
+        'def _hidden(a):\n    """Private."""\n    return a\n\n\n'
         "def bare(a):\n    return a\n"
     )
     meta = tmp_path / "site" / "demopkg-1.2.dist-info"
