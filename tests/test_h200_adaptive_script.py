@@ -1,0 +1,71 @@
+"""``e2e/h200_adaptive.sh`` on the CPU, with a stand-in for the kit's Python: the commands it would
+run on the H200 (parts, servers, prompts, the chi-square samples) and its verdict on the adaptive
+server's log. A device call is too scarce to find a quoting slip in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STUB = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then exec python3 "$@"; fi
+echo "$*" >> "$STUB_CALLS"
+out=$(python3 -c 'import sys; a = sys.argv; print(a[a.index("--out") + 1])' "$@")
+mkdir -p "$out" && cp "$STUB_E2E" "$out/e2e.json"
+"""
+STATES = (
+    "[x] DDTREE budget by batch size: target verify states for budgets (CUDA-graph batch "
+    "sizes) {15: [1, 2]}; cost table {}."
+)
+
+
+def run(tmp_path, e2e: list, **env) -> tuple[int, list[str]]:
+    stub = tmp_path / "python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    (tmp_path / "e2e.json").write_text(json.dumps(e2e))
+    calls = tmp_path / "calls"
+    full = {
+        **os.environ,
+        "SGLANG_KIT_PYTHON": str(stub),
+        "STUB_CALLS": str(calls),
+        "STUB_E2E": str(tmp_path / "e2e.json"),
+        "OUT": str(tmp_path / "out"),
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", "e2e/h200_adaptive.sh"], cwd=REPO, env=full, capture_output=True, text=True
+    )
+    return proc.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_fixed_part_serves_every_baseline_and_the_chi_square_samples(tmp_path):
+    rc, calls = run(tmp_path, [], PARTS="fixed", DIST_SAMPLES="500")
+    assert rc == 0 and len(calls) == 1
+    argv = calls[0].split()
+    servers = argv[argv.index("--servers") + 1].split(",")
+    mods = "+graphs+patched+replayssm"
+    assert servers == ["ar+graphs", "dflash+graphs", f"ddtree15{mods}", f"ddtree63{mods}"]
+    assert argv[argv.index("--dist-samples") + 1] == "500"
+    assert argv[argv.index("--dist-servers") + 1] == f"ar+graphs,ddtree63{mods}"
+    assert argv[argv.index("--prompts") + 1].endswith("tiny-pair/heldout_prompts.jsonl")
+    rc, calls = run(tmp_path, [], PARTS="fixed", PROMPTS="/p/othercode_prompts.jsonl")
+    assert "--dist-samples" not in calls[-1].split() and "/p/othercode_prompts.jsonl" in calls[-1]
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_adaptive_part_needs_the_verify_states_line(tmp_path, logged):
+    """Session 7's adaptive run was answered by a leftover server and never showed the adaptive
+    server's per-width verify states: the script must fail when that line is missing."""
+    lines = ["[x] DDTREE resolved: ..."] + ([STATES] if logged else [])
+    e2e = [{"label": "ddtree63+graphs+patched+replayssm", "ok": True, "log_ddtree": lines}]
+    rc, calls = run(tmp_path, e2e, PARTS="adaptive")
+    assert rc == (0 if logged else 1)
+    argv = calls[0].split()
+    assert "speculative-adaptive" in argv and "--baseline" not in argv  # no fixed part here
+    assert argv[argv.index("--servers") + 1] == "ddtree63+graphs+patched+replayssm"
