@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Time kernel branches against main's kernel in one device call (the device runs this checkout,
+# without git, so the branches' files travel as an untracked folder).
+#   bash e2e/h200_kernel_variants.sh prepare gdnprefetch gdnlevel   # here: alt/<branch>/ from git
+#   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_kernel_variants.sh run   # on the H200
+# `run` times main's kernel first (the files as checked out), then each alt/<branch>/ with its
+# files copied over the tracked ones, then restores them: `benchmarks/gdn_tree_recurrence.py
+# --sweep` per variant into $OUT/<variant>.md and .json (checks included: a wrong kernel fails its
+# run). FILES lists what a variant replaces.
+set -uo pipefail
+shopt -s nullglob
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+FILES=(sglang_spec/gdn/triton_tree_recurrence.py benchmarks/gdn_tree_recurrence.py)
+case "${1:-}" in
+prepare)
+  shift
+  [ $# -ge 1 ] || { echo "usage: $0 prepare BRANCH..."; exit 2; }
+  for br in "$@"; do
+    git rev-parse --verify -q "$br" >/dev/null || { echo "no branch $br"; exit 2; }
+    for f in "${FILES[@]}"; do
+      mkdir -p "alt/$br/$(dirname "$f")"
+      git show "$br:$f" >"alt/$br/$f"
+    done
+    echo "alt/$br: ${FILES[*]} from $(git rev-parse --short "$br")"
+  done
+  ;;
+run)
+  OUT=${OUT:?set OUT}
+  mkdir -p "$OUT" /tmp/kernel_variants_main
+  for f in "${FILES[@]}"; do install -D "$f" "/tmp/kernel_variants_main/$f"; done
+  rc=0
+  for variant in main alt/*/; do
+    name=$(basename "$variant")
+    if [ "$variant" != main ]; then
+      for f in "${FILES[@]}"; do cp "$variant/$f" "$f"; done
+    fi
+    timeout "${VARIANT_LIMIT_S:-200}" "${SGLANG_KIT_PYTHON:-python3}" benchmarks/gdn_tree_recurrence.py \
+      --sweep --json "$OUT/$name.json" >"$OUT/$name.md" 2>&1
+    status=$?
+    echo "$name rc $status"
+    [ $status -eq 0 ] || rc=1
+    grep -E '^\| (1|8|32) \| (17|65) \|' "$OUT/$name.md" | head -6
+    for f in "${FILES[@]}"; do cp "/tmp/kernel_variants_main/$f" "$f"; done
+  done
+  exit $rc
+  ;;
+*)
+  echo "usage: $0 prepare BRANCH... | run"
+  exit 2
+  ;;
+esac
