@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from e2e import kit, slots
+from sglang_spec.plugin.config import SYNC_WARNING
 from sglang_spec.serving.configs import ServerConfig
 from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
@@ -80,11 +81,6 @@ def generate(url, prompt, max_new_tokens, temperature=0.0, seed=None):
             )
         },
     }
-
-
-# torch.cuda.set_sync_debug_mode("warn")'s message (torch/csrc/cuda/...: "called a synchronizing
-# CUDA operation")
-SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 def parse_server(spec: str) -> tuple[str, int | None, set[str]]:

@@ -72,6 +72,8 @@ ENV_SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
 ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 ENV_SYNC_CHECK = "SGLANG_DDTREE_SYNC_CHECK"
 SYNC_CHECK_MODES = ("warn", "error")
+# torch.cuda.set_sync_debug_mode("warn")'s message: what the warn mode counts and logs
+SYNC_WARNING = "called a synchronizing CUDA operation"
 
 # sglang/kernels/jit/csrc/speculative/tree.cuh:46,182 (build/reconstruct kernels:
 # draft_token_num <= 1024). The verify width must stay inside it.

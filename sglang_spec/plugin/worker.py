@@ -78,7 +78,7 @@ from sglang.srt.utils.async_probe import sanitize_nan_logits
 import sglang_spec.plugin.adapter as adapter
 import sglang_spec.plugin.draft_sampler as draft_sampler
 from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
-from sglang_spec.plugin.config import load_budget_policy, runtime_config
+from sglang_spec.plugin.config import SYNC_WARNING, load_budget_policy, runtime_config
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
@@ -87,8 +87,6 @@ from sglang_spec.tree.sampler import SamplingBounds, sample_node_tokens
 
 logger = logging.getLogger("sglang_spec.plugin")
 
-# torch.cuda.set_sync_debug_mode("warn")'s message (SGLANG_DDTREE_SYNC_CHECK=warn)
-SYNC_WARNING = "called a synchronizing CUDA operation"
 # Hook points this worker relies on, by name (docs/plugin-design.md, "Patches").
 REQUIRED_HOOKS = ("H1 DecodeCudaGraphRunner.get_spec_info (sglang_spec.plugin.hooks)",)
 # Optional, each for one configuration (patches/README.md; plugin/config.py refuses without them).
