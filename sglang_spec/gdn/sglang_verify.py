@@ -26,7 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from .triton_tree_recurrence import launch_tree_kernel, tree_prep_scratch, tree_scratch
+from .triton_tree_recurrence import (
+    launch_tree_kernel,
+    prep_row_width,
+    tree_prep_scratch,
+    tree_scratch,
+)
 
 
 def gdn_tree_verify(
@@ -99,10 +104,10 @@ def gdn_tree_verify(
         prep.dtype != torch.float32
         or not prep.is_contiguous()
         or prep.shape[0] < bs * n
-        or prep.shape[1:] != (hk, 2 * width + 3)
+        or prep.shape[1:] != (hk, prep_row_width(width))
     ):
         raise ValueError(
-            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {2 * width + 3}] "
+            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(width)}] "
             f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
         )
     if (ring is None) != (ring_rows is None):
@@ -196,7 +201,7 @@ class TreeVerifyTables:
 
     def _prep_rows(self, rows: int, width: int) -> torch.Tensor:
         prep = self._prep
-        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == 2 * width + 3:
+        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == prep_row_width(width):
             return prep
         fresh = tree_prep_scratch(rows, self.num_k_heads, width, self.device)
         if not self._graphs:

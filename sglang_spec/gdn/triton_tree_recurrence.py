@@ -448,12 +448,18 @@ def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
     return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
 
 
+def prep_row_width(width: int) -> int:
+    """Floats per prep row for path tables of width ``width``: ``W`` key products, ``W`` query
+    products, ``q . k`` and the two inverse norms (the kernels' ``2 * W + 3``)."""
+    return 2 * width + 3
+
+
 def tree_prep_scratch(rows: int, hk: int, width: int, device) -> torch.Tensor:
     """The ``[rows, Hk, 2 * W + 3]`` float32 rows of ``_tree_prep_kernel`` (``rows`` = requests x
     nodes, ``W`` = the path table's width): per node and key head its ``W`` key products with its
     ancestors' keys, ``W`` with its query, ``q . k`` and the two inverse norms. Written before it
     is read, like :func:`tree_scratch`."""
-    return torch.empty(rows, hk, 2 * width + 3, dtype=torch.float32, device=device)
+    return torch.empty(rows, hk, prep_row_width(width), dtype=torch.float32, device=device)
 
 
 def launch_tree_prep_kernel(q, k, paths, prep, rows=None, scale: float = 1.0) -> None:
@@ -501,8 +507,8 @@ def launch_tree_kernel(
     block_v: int | None = None,
     num_warps: int | None = None,
 ) -> None:
-    """Launch ``_tree_prep_kernel`` then ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``, ``v [bs, N, Hv, V]`` (last dim
-    contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs ``a``, ``b``), ``paths [bs, N, W]``
+    """Launch ``_tree_prep_kernel`` then ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``,
+    ``v [bs, N, Hv, V]`` (last dim contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs ``a``, ``b``), ``paths [bs, N, W]``
     int32 contiguous, ``initial_state`` with ``[Hv, K, V]`` index order per row (any strides),
     ``scratch`` from :func:`tree_scratch` and ``prep`` from :func:`tree_prep_scratch` with at least
     ``bs * N`` rows (``_tree_prep_kernel`` fills ``prep`` first), ``o`` contiguous
