@@ -112,8 +112,8 @@ def step_tree(
         logq, ids, tree = sampler.outputs(bs)
         if sampler.budget == config.budget:
             return tree
-        # The server's K >= this budget's, min(server K, budget); a best-first tree of `budget`
-        # nodes never pops a rank >= budget, so the extra ranks leave the tree as it is.
+        # The server's K >= this budget's (DDTreeConfig.for_budget: at most its exact_topk), and
+        # ranks beyond a budget's exact_topk are never popped: the extra ranks change nothing.
         return build_ddtree_from_topk(logq, ids, config.budget, root_tokens)
     lm_head = target_lm_head(worker)
     if lm_head is None:

@@ -235,9 +235,9 @@ def build_ddtree_from_topk(
     min(:func:`exact_topk`, V)); ``root_tokens [bs]`` are the last verified tokens. With
     ``include_chain`` and ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth
     d + 1 at slot d + 1) and the other ``budget - L`` nodes are the best prefixes outside it;
-    otherwise the tree is the plain best-first one (module docstring). Raises ``ValueError`` on NaN log-probs when the tensors are on
-    the CPU; on CUDA (no host synchronisation allowed) a request whose log-probs contain NaN gets a
-    root-only tree, which verifies losslessly.
+    otherwise the tree is the plain best-first one (module docstring). Raises ``ValueError`` on
+    NaN log-probs when the tensors are on the CPU; on CUDA (no host synchronisation allowed) a
+    request whose log-probs contain NaN gets a root-only tree, which verifies losslessly.
     """
     budget = _check_budget(budget)
     if logq.dim() != 3 or ids.shape != logq.shape:
@@ -285,9 +285,9 @@ def build_ddtree(
     Score = sum over depths of the log-softmax (of ``logits / temperature``, see :func:`draft_topk`);
     ranks ``< K = min(exact_topk(budget, L, include_chain), V)`` per depth. ``include_chain``
     (default on): when ``budget >= L`` the tree contains the argmax chain to depth L (what
-    :func:`build_chain` verifies; the tree temperature does not move an argmax) at slots ``1..L``, the rest best-first; see
-    :func:`build_ddtree_from_topk`. NaN logits raise ``ValueError`` on the CPU (see
-    :func:`build_ddtree_from_topk` for CUDA).
+    :func:`build_chain` verifies; the tree temperature does not move an argmax) at slots
+    ``1..L``, the rest best-first; see :func:`build_ddtree_from_topk`. NaN logits raise
+    ``ValueError`` on the CPU (see :func:`build_ddtree_from_topk` for CUDA).
     """
     budget = _check_budget(budget)
     _check_logits(draft_logits)

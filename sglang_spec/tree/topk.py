@@ -2,8 +2,9 @@
 
 Under tensor parallelism each rank holds a slice of the LM head's rows (:class:`VocabShard`). Each
 rank takes its own top-k and log-sum-exp, only its ``[bs, L, k]`` values and ids and ``[bs, L]``
-log-sum-exps are all-gathered (one collective, packed: :func:`gathered_shape`), and :func:`~sglang_spec.tree.merge_sharded_topk` merges them into
-the top-k of the full ``log_softmax``. With one rank (no all-gather) this is exactly
+log-sum-exps are all-gathered (one collective, packed: :func:`gathered_shape`), and
+:func:`~sglang_spec.tree.merge_sharded_topk` merges them into the top-k of the full
+``log_softmax``. With one rank (no all-gather) this is exactly
 :func:`~sglang_spec.tree.draft_topk` on the shard's logits.
 
 Plain torch: the caller passes the all-gather as a callable, so nothing here knows a serving
