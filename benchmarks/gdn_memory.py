@@ -2,8 +2,8 @@
 
 For each server (DFLASH width 16 with and without ``--enable-linear-replayssm-spec``; DDTREE(63)
 unpatched, with patches 0002+0003 as they were at ``--baseline-rev``, and with this checkout's
-series; and DDTREE(63) with the "phase 2" conv-input scratch of docs/gdn-tree-caching.md §7 priced
-into this checkout's solve) and each memory setting (the session-3/4 settings ``--mem-fraction-static
+series, whose tree keeps conv inputs instead of per-node conv windows: docs/gdn-tree-caching.md §7)
+and each memory setting (the session-3/4 settings ``--mem-fraction-static
 0.8`` with ``--max-running-requests`` 8 or 64, and SGLang's defaults: neither flag) this prints
 ``max_mamba_cache_size``, the state slots per request, ``max_running_requests`` and the KV token
 capacity, and writes them as JSON.
@@ -72,7 +72,6 @@ SERVERS = {
     "ddtree63": ("DDTREE(63), unpatched", "ddtree", 63, False, "installed"),
     "ddtree63+baseline": ("DDTREE(63), 0002+0003 at baseline", "ddtree", 63, True, "baseline"),
     "ddtree63+patched": ("DDTREE(63), 0002+0003 (this branch)", "ddtree", 63, True, "branch"),
-    "ddtree63+phase2": ("DDTREE(63), + phase 2 (priced)", "ddtree", 63, True, "branch"),
     "ddtree15": ("DDTREE(15), unpatched", "ddtree", 15, False, "installed"),
 }
 # (label, --mem-fraction-static, --max-running-requests, --mamba-full-memory-ratio); None = SGLang's
@@ -100,13 +99,13 @@ SCENARIOS = [
     *[("ddtree63+baseline", "default", o) for o in (False, True)],
     *[
         (v, s, o)
-        for v in ("ddtree63+patched", "ddtree63+phase2")
+        for v in ("ddtree63+patched",)
         for s in ("s4", "default")
         for o in (False, True)
     ],
     *[
         (v, "default+mfr1.5", True)
-        for v in ("dflash+replayssm", "ddtree63+patched", "ddtree63+phase2")
+        for v in ("dflash+replayssm", "ddtree63+patched")
     ],
 ]
 
@@ -118,7 +117,6 @@ def _child(scenarios: list[dict], out: str) -> None:
 
     import sglang.srt.arg_groups.mamba_hook as mamba_hook
     import sglang.srt.arg_groups.memory_hook as memory_hook
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.mem_cache import kv_cache_configurator as kvc
     from sglang.srt.runtime_context import get_context, get_schedule
@@ -136,7 +134,6 @@ def _child(scenarios: list[dict], out: str) -> None:
     shape = SHAPES[SHAPE]
     models = tempfile.mkdtemp(prefix="gdn_memory_")
     target, drafter = write_model_dirs(shape, models)
-    ring_bytes = Mamba2CacheParams.replayssm_ring_bytes_per_req
     results = []
     for sc in scenarios:
         _, algorithm, budget, flag, _ = SERVERS[sc["server"]]
@@ -155,10 +152,6 @@ def _child(scenarios: list[dict], out: str) -> None:
         get_context().set_server_args(sa)
         if sc["overlap"] is not None:
             get_context().override("gdn_memory", disable_overlap_schedule=not sc["overlap"])
-        if sc["server"].endswith("phase2"):
-            Mamba2CacheParams.replayssm_ring_bytes_per_req = _phase2_bytes(ring_bytes)
-        else:
-            Mamba2CacheParams.replayssm_ring_bytes_per_req = ring_bytes
         mc = ModelConfig.from_server_args(sa)
         sched = get_schedule()
         fake = types.SimpleNamespace(
@@ -216,22 +209,6 @@ def _child(scenarios: list[dict], out: str) -> None:
         )
         get_context().override("gdn_memory", max_mamba_cache_size=None)
     Path(out).write_text(json.dumps(results))
-
-
-def _phase2_bytes(ring_bytes):
-    """``replayssm_ring_bytes_per_req`` with design §7's conv scratch for a tree: per layer and
-    request row, each node's pre-conv column plus the saved conv-state columns
-    (``(N + kernel - 1) * conv_dim``) in place of a ``[conv_dim, kernel - 1]`` window per node."""
-
-    def priced(self, record_len: int, tree: bool = False) -> int:
-        total = ring_bytes(self, record_len, tree=tree)
-        if tree:
-            b = self.dtype.conv.itemsize * len(self.layers)
-            for dim, width in self.shape.conv:
-                total += (record_len + width) * dim * b - record_len * dim * width * b
-        return total
-
-    return priced
 
 
 # ------------------------------------------------------------------------------------ parent

@@ -18,10 +18,13 @@ not here):
   requests (one a padding row, ``state_batch_indices = -1``), two layers, GQA 2 : 6 key : value
   heads, K = 16, V = 48 (two value tiles, one masked), ring rows that are not the mamba slots, and
   an extra_buffer track slot keyed by a node of the path; its inputs are saved with it;
+* ``commit``: the patched ``commit_gdn_replayssm_fold_after_verify`` on a GDN tree ``MambaPool``'s
+  own buffers (random rings, checkpoints, conv states and conv inputs), with a track slot;
 * ``chain``: the patched and the unpatched fold of a linear chain (``accept_index = b * N + t``) on
   the same ring (ring row = mamba slot, the only layout the unpatched kernel reads), with a track
   step;
-* ``pool``: ``MambaPool`` built for a GDN tree, a GDN chain and a KDA tree with the flag;
+* ``pool``: ``MambaPool`` built for a GDN tree, a GDN chain and a KDA tree with the flag (its
+  buffers' shapes, the tree's conv inputs in place of conv windows);
 * ``pricing``: ``replayssm_ring_bytes_per_req`` at the Qwen3.6-27B shape;
 * ``solve``: the mamba/KV split (``_handle_max_mamba_cache``) for a GDN tree and a chain at the
   27B shape, at budgets where ``--max-running-requests`` binds and where it does not;
@@ -147,6 +150,65 @@ def tree_case(fold) -> dict:
     }
 
 
+def commit_case(fold) -> dict:
+    """The patched ``commit_gdn_replayssm_fold_after_verify`` on a GDN tree pool's own buffers:
+    the fold of the checkpoint and the conv states rebuilt from the conv inputs (+ the track slot)."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    gen = torch.Generator().manual_seed(16)
+    pool = MambaPool(
+        size=10,
+        spec_state_size=4,
+        cache_params=gdn_params(layers=LAYERS, hk=HK, hv=HV, k=K, v=V),
+        mamba_layer_ids=list(range(LAYERS)),
+        device="cpu",
+        speculative_num_draft_tokens=N,
+        speculative_eagle_topk=4,
+        enable_linear_replayssm_spec=True,
+    )
+    c = pool.mamba_cache
+    ring = rings(gen, c.replayssm_rawk.shape[1])
+    for name, value in ring.items():
+        getattr(c, f"replayssm_{name}").copy_(value)
+    c.temporal.copy_(torch.randn(c.temporal.shape, generator=gen) * 0.3)
+    c.conv[0].copy_(torch.randn(c.conv[0].shape, generator=gen))
+    c.replayssm_conv_inputs.copy_(torch.randn(c.replayssm_conv_inputs.shape, generator=gen))
+    state_idx = torch.tensor([9, 3, 6], dtype=torch.int64)
+    bs = state_idx.numel()
+    paths = []
+    for b in range(bs):
+        par = random_tree(gen, N)
+        paths.append(path_to(par, [N - 1, 0, 4][b]))
+    accept_index = torch.full((bs, N), -1, dtype=torch.int64)
+    for b, p in enumerate(paths):
+        accept_index[b, : len(p)] = torch.tensor(p) + b * N
+    accept_lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
+    track_slots = torch.tensor([8, -1, -1], dtype=torch.int64)
+    track_steps = torch.tensor([paths[0][1], -1, -1], dtype=torch.int64)
+    before = {"temporal": c.temporal.clone(), "conv": c.conv[0].clone()}
+    fold.commit_gdn_replayssm_fold_after_verify(
+        spec_state=c,
+        state_batch_indices=state_idx,
+        accept_lens=accept_lens,
+        accept_index=accept_index,
+        draft_token_num=N,
+        mamba_track_indices=track_slots,
+        mamba_steps_to_track=track_steps,
+    )
+    return {
+        "temporal": before["temporal"],
+        "conv": before["conv"],
+        "out": c.temporal.clone(),
+        "conv_out": c.conv[0].clone(),
+        "conv_inputs": c.replayssm_conv_inputs.clone(),
+        "ring": ring,
+        "state_idx": state_idx,
+        "ring_idx": torch.arange(bs),
+        "paths": paths,
+        "track_slots": track_slots,
+    }
+
+
 def chain_case(patched, unpatched) -> dict:
     gen = torch.Generator().manual_seed(15)
     slots = 6
@@ -226,8 +288,10 @@ def pool_case() -> dict:
                 for f in ("replayssm_rawk", "replayssm_rawv", "replayssm_g")
                 if getattr(c, f) is not None
             },
-            "conv_window": tuple(c.intermediate_conv_window[0].shape),
-            "conv_window_contiguous": c.intermediate_conv_window[0].is_contiguous(),
+            "conv_windows": [tuple(w.shape) for w in c.intermediate_conv_window],
+            "conv_inputs": None
+            if c.replayssm_conv_inputs is None
+            else (tuple(c.replayssm_conv_inputs.shape), str(c.replayssm_conv_inputs.dtype)),
             "cursors": pool.replayssm_spec_write_pos is not None,
         }
     kda = KimiLinearCacheParams(
@@ -385,6 +449,7 @@ def main(root: str, fold_rel: str, unpatched_fold: str, repo: str, out_path: str
     torch.save(
         {
             "tree": tree_case(patched),
+            "commit": commit_case(patched),
             "chain": chain_case(patched, unpatched),
             "pool": pool_case(),
             "pricing": pricing_case(),

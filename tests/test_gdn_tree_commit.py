@@ -11,7 +11,9 @@ are computed here, the same for both pins:
   extra_buffer track slot gets the state after the node it names, a padding row stays untouched;
 * a linear chain (``accept_index = b * N + t``) gives the released fold's checkpoint bit for bit;
 * ``MambaPool`` allocates, for a GDN tree with the flag, the raw-input window (one column per node)
-  and the dense conv windows, and neither ``intermediate_ssm`` nor the chain's d/k rings and cursors;
+  and the conv inputs (no per-node conv windows), and neither ``intermediate_ssm`` nor the chain's d/k
+  rings and cursors; the patched commit rebuilds each request's conv state (and the track slot's)
+  from its conv inputs along the accepted path;
   a KDA tree is refused;
 * the pricing at the Qwen3.6-27B shape is docs/gdn-tree-caching.md §3's table;
 * ``attention_hook`` (left unpatched) still refuses user-set EAGLE trees with the flag, GDN or KDA,
@@ -95,6 +97,29 @@ def test_fold_replays_the_accepted_tree_path(results):
             assert torch.equal(out[:, slot], temporal[:, slot]), slot
 
 
+def test_commit_rebuilds_conv_states_from_the_conv_inputs(results):
+    """The patched commit on a GDN tree pool: each request's checkpoint is the fold of its accepted
+    path and its conv state the last 3 columns of (pre-verify state, its path's conv inputs), from
+    its request row; the track slot gets the state as of the node it names; other slots keep theirs."""
+    case = results["commit"]
+    inputs, conv = case["conv_inputs"], case["conv"]
+    touched = set()
+    for b, path in enumerate(case["paths"]):
+        slot = int(case["state_idx"][b])
+        touched.add(slot)
+        torch.testing.assert_close(
+            case["out"][:, slot], expected_fold(case, b, path), rtol=2e-5, atol=2e-5
+        )
+        cols = ([0, 1, 2] + [3 + node for node in path])[-3:]
+        assert torch.equal(case["conv_out"][:, slot], inputs[:, b, cols].transpose(1, 2)), b
+    track = int(case["track_slots"][0])
+    cols = ([0, 1, 2] + [3 + node for node in case["paths"][0][:2]])[-3:]
+    assert torch.equal(case["conv_out"][:, track], inputs[:, 0, cols].transpose(1, 2))
+    # slot 0 is SGLang's dummy slot: it absorbs the writes of the requests that track nothing
+    others = [s for s in range(1, conv.shape[1]) if s not in touched | {track}]
+    assert torch.equal(case["conv_out"][:, others], conv[:, others])
+
+
 def test_track_slot_gets_the_state_after_the_node_it_names(results):
     case = results["tree"]
     tracked = 0
@@ -134,10 +159,13 @@ def test_pool_allocates_the_tree_window_and_no_intermediate_ssm(results):
         "replayssm_rawv": "torch.bfloat16",
         "replayssm_g": "torch.float32",
     }
-    # dense per-node conv windows (conv_dim = 6*48 + 2*2*16 = 352, kernel 4): independent per node
-    assert tree["conv_window"] == (3, 5, N, 352, 3) and tree["conv_window_contiguous"]
+    # no per-node conv windows: the conv inputs, 3 pre-verify state columns + N node inputs per
+    # request row (conv_dim = 6*48 + 2*2*16 = 352, kernel 4), in the conv dtype
+    assert tree["conv_windows"] == []
+    assert tree["conv_inputs"] == ((3, 5, 3 + N, 352), "torch.bfloat16")
     # the GDN chain keeps its compact circular ring (unchanged by the patch)
     assert chain["fold"] is False and chain["cursors"] is True
+    assert chain["conv_inputs"] is None and len(chain["conv_windows"]) == 1
     assert chain["shapes"]["replayssm_d"] is not None and chain["shapes"]["replayssm_beta"] is None
 
 
@@ -151,20 +179,21 @@ def test_pricing_matches_the_design_table(results):
     gb = 1e9
     assert p["conv_numel"] == 10240 * 3
     assert round(p["per_req"] / gb, 3) == 0.154  # the checkpoint, for scale
-    # N = 65: raw-input window 0.052 GB + dense conv windows 0.192 GB (§3, phase 1)
+    # N = 65: raw-input window 0.052 GB + conv inputs (3 state columns + 65 nodes) 0.067 GB
+    # (§3 and §7; the per-node conv windows they replace cost 48 * 65 * 10240 * 3 * 2 = 0.192 GB)
     ring65 = 48 * 65 * (16 * 128 * 2 + 48 * 128 * 2 + 2 * 48 * 4)
-    assert p["tree65"] == ring65 + 48 * 65 * 10240 * 3 * 2
-    assert (round(ring65 / gb, 3), round(p["tree65"] / gb, 2)) == (0.052, 0.24)
-    # N = 17: 0.014 + 0.050
+    assert p["tree65"] == ring65 + 48 * (3 + 65) * 10240 * 2
+    assert (round(ring65 / gb, 3), round((p["tree65"] - ring65) / gb, 3)) == (0.052, 0.067)
+    # N = 17: 0.014 + 0.020
     ring17 = 48 * 17 * (16 * 128 * 2 + 48 * 128 * 2 + 2 * 48 * 4)
     assert round(ring17 / gb, 3) == 0.014
-    assert round((p["tree17"] - ring17) / gb, 3) == 0.050
+    assert round((p["tree17"] - ring17) / gb, 3) == 0.020
     # the chain pricing is SGLang's own, unchanged: compact d/k/g + low parts at L = 16
     assert p["chain16"] == 48 * 16 * (2 * (48 * 128 * 2 + 16 * 128 * 2) + 48 * 4)
 
 
 def test_tree_request_rows_are_priced_for_the_requests_the_slots_admit(results):
-    """A GDN tree's request rows (ring + conv windows) are allocated for min(max_running_requests,
+    """A GDN tree's request rows (ring + conv inputs) are allocated for min(max_running_requests,
     slots // ratio) + 1 requests, so the solve prices exactly those rows jointly with the slots:
     the priced memory fits the mamba budget, one more request's slots and row would not, the
     remainder goes back to the KV pool, and where --max-running-requests binds the slots are the
@@ -194,9 +223,10 @@ def test_tree_request_rows_are_priced_for_the_requests_the_slots_admit(results):
             assert k >= released, c
         assert abs(c["after_gib"] - (c["rest_gib"] - priced / gib)) < 1e-9, c
     assert binding == 2  # mrr 8 at both budgets; mrr 64 binds nowhere
-    # the session-4 case (rest 57.647 GiB, mrr 64): 135 slots, 33 requests (baseline: 88, 22)
+    # the session-4 case (rest 57.647 GiB, mrr 64): 158 slots, 39 requests (docs §7's projection;
+    # per-node conv windows: 135, 33; SGLang's per-node states: 88, 22)
     s4 = next(c for c in sol["cases"] if (c["topk"], c["mrr"], c["rest_gib"]) == (63, 64, 57.647))
-    assert (s4["slots"], s4["slots"] // ratio) == (135, 33)
+    assert (s4["slots"], s4["slots"] // ratio) == (158, 39)
 
 
 def test_attention_hook_still_refuses_eagle_trees_with_the_flag(results):

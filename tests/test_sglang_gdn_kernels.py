@@ -60,6 +60,8 @@ from transformers import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
 from sglang_spec.gdn import gdn_tree_commit, gdn_tree_forward, tree_depth
+from sglang_spec.gdn.tree_conv import commit_conv_states, conv_inputs_buffer, save_conv_inputs
+from sglang_spec.gdn.tree_gdn import _conv_window_index
 from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree, sglang_tree_abi
 
 DEVICE = os.environ.get("SGLANG_SPEC_KERNEL_DEVICE", "cpu")
@@ -370,6 +372,29 @@ def test_commit_takes_the_accepted_nodes_state(results, name):
         )
         assert torch.equal(commit["conv_pool"][others], c["conv_pool"][others])
         assert torch.equal(commit["ssm_pool"][others], c["ssm_pool"][others])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv_inputs_commit_equals_sglangs_window_scatter(results, name):
+    """The GDN tree ReplaySSM's conv half (sglang_spec.gdn.tree_conv, patches 0002/0003): the conv
+    inputs saved before SGLang's conv kernel give every node SGLang's own stored conv window, and
+    the commit from them gives the pool SGLang's window scatter gave, bit for bit, every slot."""
+    c, sg, ref = results[name]
+    bs, n = ref["tree"].parents.shape
+    slots = c["cache_indices"]
+    rows = torch.arange(bs)
+    inputs = conv_inputs_buffer(
+        (c["mixed_qkv"].shape[1], KERNEL - 1), 1, bs + 1, n, torch.float32, "cpu"
+    )
+    save_conv_inputs(inputs[0], c["conv_pool"], slots, rows, c["mixed_qkv"])
+    index = _conv_window_index(ref["tree"].parents, KERNEL - 1)  # [bs, N, K - 1] into a row
+    windows = inputs[0, torch.arange(bs)[:, None, None], index].transpose(-1, -2)
+    valid = ref["tree"].depths >= 0
+    assert torch.equal(windows[valid], sg["intermediate_conv_window"][valid])
+    for (accept_index, accept_lens), commit in zip(c["accepts"], sg["commits"]):
+        pool = sg["conv_pool_after_verify"].clone()[None]
+        commit_conv_states(pool, inputs, slots, rows, accept_index, accept_lens, n)
+        assert torch.equal(pool[0], commit["conv_pool"])
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,0 +1,183 @@
+"""sglang_spec.gdn.tree_conv: the GDN tree verify keeps conv inputs, the commit rebuilds the conv state.
+
+Oracle: a plain loop per request, the definition of a causal conv's state -- the last ``W - 1``
+entries of "the conv state before the verify, then the inputs along the accepted root-first path".
+The comparison with SGLang's own conv-window kernels (per-node windows + its commit scatter) is in
+tests/test_sglang_gdn_kernels.py (``test_conv_inputs_commit_equals_sglangs_window_scatter``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_spec.gdn.tree_conv import commit_conv_states, conv_inputs_buffer, save_conv_inputs
+from sglang_spec.tree import build_ddtree
+
+W = 4  # SGLang's GDN conv kernel; the state keeps W - 1 columns
+C = 6
+LAYERS = 3
+SLOTS = 9
+
+
+def _trees(bs: int, budget: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bs, 7, 5, generator=g) * 2
+    return build_ddtree(logits, budget, torch.zeros(bs, dtype=torch.long)).parents
+
+
+def _path(parents_row: torch.Tensor, node: int) -> list[int]:
+    path = [node]
+    while path[-1] > 0:
+        path.append(int(parents_row[path[-1]]))
+    return path[::-1]
+
+
+def _setup(bs: int, budget: int, seed: int, dtype=torch.float32):
+    """Pools, the verify's inputs and one random accepted path per request."""
+    g = torch.Generator().manual_seed(seed)
+    parents = _trees(bs, budget, seed)
+    n = parents.shape[1]
+    conv = torch.randn(LAYERS, SLOTS, C, W - 1, generator=g).to(dtype)
+    mixed = torch.randn(LAYERS, bs * n, C, generator=g).to(dtype)
+    slots = torch.randperm(SLOTS - 1, generator=g)[:bs] + 1  # slot 0 is SGLang's dummy
+    rows = torch.randperm(bs + 2, generator=g)[:bs]  # any rows, not the batch positions
+    paths = []
+    for b in range(bs):
+        real = int((parents[b] >= 0).sum()) + 1
+        paths.append(_path(parents[b], int(torch.randint(real, (1,), generator=g))))
+    depth = max(len(p) for p in paths)
+    accept_index = torch.full((bs, depth + 2), -1, dtype=torch.int64)
+    for b, p in enumerate(paths):
+        accept_index[b, : len(p)] = torch.tensor(p) + b * n
+    lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
+    return dict(
+        n=n,
+        conv=conv,
+        mixed=mixed,
+        slots=slots,
+        rows=rows,
+        paths=paths,
+        index=accept_index,
+        lens=lens,
+    )
+
+
+def _verify(s: dict, width: int | None = None) -> torch.Tensor:
+    """Every layer's save_conv_inputs into a fresh pool buffer (NaN: unwritten entries show)."""
+    bs = s["slots"].shape[0]
+    inputs = conv_inputs_buffer(
+        (C, W - 1), LAYERS, bs + 2, width or s["n"], s["conv"].dtype, "cpu"
+    ).fill_(float("nan"))
+    for layer in range(LAYERS):
+        save_conv_inputs(inputs[layer], s["conv"][layer], s["slots"], s["rows"], s["mixed"][layer])
+    return inputs
+
+
+def _expected_state(s: dict, layer: int, b: int, path: list[int]) -> torch.Tensor:
+    n = s["n"]
+    seq = [s["conv"][layer, s["slots"][b], :, j] for j in range(W - 1)]
+    seq += [s["mixed"][layer, b * n + node] for node in path]
+    return torch.stack(seq[-(W - 1) :], dim=1)  # [C, W - 1], oldest first
+
+
+def test_buffer_shape_and_dtype():
+    buf = conv_inputs_buffer((10240, 3), 48, 37, 65, torch.bfloat16, "cpu")
+    assert buf.shape == (48, 37, 3 + 65, 10240) and buf.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("budget", [6, 20, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_commit_equals_the_accepted_paths_last_inputs(budget, dtype):
+    """New conv state = last W - 1 of (pre-verify state, accepted path's inputs), on every layer,
+    bit for bit (copies only); slots no request owns are untouched."""
+    s = _setup(bs=4, budget=budget, seed=budget, dtype=dtype)
+    inputs = _verify(s)
+    conv = s["conv"].clone()
+    conv[:, s["slots"]] = 7  # what SGLang's conv kernel leaves behind: garbage, overwritten
+    commit_conv_states(conv, inputs, s["slots"], s["rows"], s["index"], s["lens"], s["n"])
+    for layer in range(LAYERS):
+        for b, path in enumerate(s["paths"]):
+            want = _expected_state(s, layer, b, path)
+            assert torch.equal(conv[layer, s["slots"][b]], want), (layer, b, path)
+    others = torch.ones(SLOTS, dtype=torch.bool)
+    others[s["slots"]] = False
+    assert torch.equal(conv[:, others], s["conv"][:, others])
+
+
+def test_short_paths_continue_into_the_pre_verify_state():
+    """Root only (1 input) and depth 1 (2 inputs): W - 1 = 3 columns need the old state's tail."""
+    s = _setup(bs=2, budget=20, seed=3)
+    s["paths"] = [[0], _path(_trees(2, 20, 3)[1], 1)]
+    assert len(s["paths"][1]) == 2
+    s["index"].fill_(-1)
+    for b, p in enumerate(s["paths"]):
+        s["index"][b, : len(p)] = torch.tensor(p) + b * s["n"]
+    s["lens"] = torch.tensor([1, 2], dtype=torch.int32)
+    inputs = _verify(s)
+    conv = s["conv"].clone()
+    commit_conv_states(conv, inputs, s["slots"], s["rows"], s["index"], s["lens"], s["n"])
+    old0 = s["conv"][:, s["slots"][0]]
+    assert torch.equal(conv[:, s["slots"][0], :, :2], old0[..., 1:])
+    assert torch.equal(conv[:, s["slots"][0], :, 2], s["mixed"][:, 0])
+    old1 = s["conv"][:, s["slots"][1]]
+    assert torch.equal(conv[:, s["slots"][1], :, 0], old1[..., 2])
+    for layer in range(LAYERS):
+        assert torch.equal(conv[layer, s["slots"][1]], _expected_state(s, layer, 1, s["paths"][1]))
+
+
+def test_a_request_that_commits_nothing_writes_only_the_dummy_slot():
+    s = _setup(bs=3, budget=20, seed=5)
+    s["lens"][1] = 0
+    inputs = _verify(s)
+    conv = s["conv"].clone()
+    commit_conv_states(conv, inputs, s["slots"], s["rows"], s["index"], s["lens"], s["n"])
+    assert torch.equal(conv[:, s["slots"][1]], s["conv"][:, s["slots"][1]])
+    for b in (0, 2):
+        assert torch.equal(conv[0, s["slots"][b]], _expected_state(s, 0, b, s["paths"][b]))
+    changed = (conv != s["conv"]).flatten(2).any(-1).any(0)
+    assert set(changed.nonzero().flatten().tolist()) <= {0, *s["slots"][[0, 2]].tolist()}
+
+
+def test_track_snapshot_is_the_state_as_of_the_tracked_node():
+    """extra_buffer: the tracked node's conv state goes to the track slot; a node off the accepted
+    path, or -1, writes nothing there."""
+    s = _setup(bs=3, budget=40, seed=11)
+    for b in range(3):  # make every path at least 3 long so that a middle node exists
+        if len(s["paths"][b]) < 3:
+            parents = _trees(3, 40, 11)[b]
+            deepest = max(range(parents.shape[0]), key=lambda i: len(_path(parents, i)))
+            s["paths"][b] = _path(parents, deepest)
+    depth = max(len(p) for p in s["paths"])
+    s["index"] = torch.full((3, depth + 1), -1, dtype=torch.int64)
+    for b, p in enumerate(s["paths"]):
+        s["index"][b, : len(p)] = torch.tensor(p) + b * s["n"]
+    s["lens"] = torch.tensor([len(p) for p in s["paths"]], dtype=torch.int32)
+    inputs = _verify(s)
+    track_slots = torch.tensor([0, 0, 0]) + torch.tensor(
+        [i for i in range(1, SLOTS) if i not in s["slots"].tolist()][:3]
+    )
+    off_path = next(i for i in range(1, s["n"]) if i not in s["paths"][1])
+    track_nodes = torch.tensor([s["paths"][0][1], off_path, -1])
+    conv = s["conv"].clone()
+    commit_conv_states(
+        conv, inputs, s["slots"], s["rows"], s["index"], s["lens"], s["n"], track_slots, track_nodes
+    )
+    for layer in range(LAYERS):
+        want = _expected_state(s, layer, 0, s["paths"][0][:2])
+        assert torch.equal(conv[layer, track_slots[0]], want)
+        assert torch.equal(conv[layer, s["slots"][0]], _expected_state(s, layer, 0, s["paths"][0]))
+    assert torch.equal(conv[:, track_slots[1:]], s["conv"][:, track_slots[1:]])
+
+
+def test_verify_rows_hold_the_state_then_the_inputs_and_a_narrower_width_fits():
+    """The row is [pre-verify columns | node inputs]; a verify narrower than the pool's width (an
+    adaptive budget) writes its first columns only."""
+    s = _setup(bs=2, budget=20, seed=7)
+    inputs = _verify(s, width=s["n"] + 5)
+    for b in range(2):
+        row = inputs[:, s["rows"][b]]
+        assert torch.equal(row[:, : W - 1], s["conv"][:, s["slots"][b]].transpose(1, 2))
+        got = row[:, W - 1 : W - 1 + s["n"]]
+        assert torch.equal(got, s["mixed"][:, b * s["n"] : (b + 1) * s["n"]])
+        assert row[:, W - 1 + s["n"] :].isnan().all()
