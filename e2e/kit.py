@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -70,31 +72,53 @@ def sglang_site() -> Path:
     return Path(spec.origin).resolve().parents[1]
 
 
+def _package_digest() -> str:
+    """sha256 of what ``pip install .`` installs: ``sglang_spec/`` (paths and bytes) and
+    ``pyproject.toml`` (entry points, package data)."""
+    h = hashlib.sha256()
+    files = [
+        p for p in (REPO / "sglang_spec").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    ]
+    for path in sorted(files) + [REPO / "pyproject.toml"]:
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def install_plugin() -> str:
     """Make SGLang see this checkout's DDTREE plugin; returns what was done.
 
     In the kit: ``pip install --upgrade --target <kit site> .`` (``--upgrade``: a warm machine keeps
-    the previous call's copy, which plain ``--target`` would silently leave in place). On a stock
-    install the entry point must already be registered by ``pip install -e '.[sglang]'``.
+    the previous call's copy, which plain ``--target`` would silently leave in place), unless the
+    site already holds this checkout's package (a digest of ``sglang_spec/`` and ``pyproject.toml``
+    stamped beside it), under a lock: harnesses running side by side on one machine (one per GPU)
+    install once and never rewrite the files a running server imports. On a stock install the
+    entry point must already be registered by ``pip install -e '.[sglang]'``.
     """
     if in_kit():
         site = sglang_site()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "--upgrade",
-                "--target",
-                str(site),
-                str(REPO),
-            ],
-            check=True,
-        )
+        digest = _package_digest()
+        stamp = site / "sglang_spec.installed-digest"
+        with open(site / ".sglang_spec.install-lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if stamp.is_file() and stamp.read_text() == digest:
+                return f"{REPO} already installed into {site}"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "--upgrade",
+                    "--target",
+                    str(site),
+                    str(REPO),
+                ],
+                check=True,
+            )
+            stamp.write_text(digest)
         return f"installed {REPO} into {site}"
     eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
     if not any(ep.name == "ddtree" for ep in eps):

@@ -473,14 +473,21 @@ def test_group_alive_ignores_zombies():
     quick.wait()
 
 
-def test_plugin_install_in_the_kit_and_outside(monkeypatch):
-    site = kit.sglang_site()
-    assert (site / "sglang" / "__init__.py").is_file()
+def test_plugin_install_in_the_kit_and_outside(monkeypatch, tmp_path):
+    assert (kit.sglang_site() / "sglang" / "__init__.py").is_file()
+    site = tmp_path  # the kit's site, where the install stamps what it installed
+    monkeypatch.setattr(kit, "sglang_site", lambda: site)
     ran = []
     monkeypatch.setattr(kit.subprocess, "run", lambda cmd, **kw: ran.append((cmd, kw)))
     monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
     assert kit.install_plugin() == f"installed {kit.REPO} into {site}"
-    ((cmd, kw),) = ran
+    # the same checkout again (a second harness on the machine): no reinstall under its servers
+    assert kit.install_plugin() == f"{kit.REPO} already installed into {site}"
+    # a changed checkout installs again
+    (site / "sglang_spec.installed-digest").write_text("an older checkout")
+    assert kit.install_plugin() == f"installed {kit.REPO} into {site}"
+    assert len(ran) == 2
+    cmd, kw = ran[0]
     # --upgrade: a warm machine keeps the previous call's copy, which --target alone would keep
     assert cmd[1:] == [
         "-m",
