@@ -3,7 +3,9 @@
 For every speculative server in an ``e2e.json`` whose method the reference engine has (DFLASH,
 DDTREE<budget>), it decodes the same prompts greedily with ``sglang_spec.reference`` (float32, CPU,
 no stop token, as the e2e requests use ``ignore_eos``) and prints both tokens-per-step figures and
-whether the token ids agree::
+whether the token ids agree; for every prompt where they do not, the first differing position and
+the float32 logit gap there between the reference's token (the target's argmax: the engine is
+lossless) and the server's, which tells a bf16 near-tie (a gap below ``NEAR_TIE``) from a bug::
 
     python -m e2e.compare_reference benchmarks/results/e2e_h200/hybrid_eager.json --pair hybrid
 """
@@ -18,6 +20,22 @@ import torch
 
 from sglang_spec.reference import generate, tiny_pair
 from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE
+
+# float32 logit gap under which a bf16 server may pick the other token: bf16 carries ~3 significant
+# digits, so logits of magnitude ~10 round by ~0.03 per step and drift by more over a long prefix
+NEAR_TIE = 0.1
+
+
+def first_divergence_gap(target, prompt_ids: torch.Tensor, ref: list[int], got: list[int]):
+    """``(t, gap)``: the first position where ``got`` leaves ``ref`` and the float32 logit of the
+    reference's token minus the server's there, given the common prefix; None if no token differs."""
+    t = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    if t is None:
+        return None
+    ids = torch.cat([prompt_ids, torch.tensor([ref[:t]], dtype=prompt_ids.dtype)], dim=1)
+    with torch.no_grad():
+        logits = target(ids).logits[0, -1].float()
+    return t, float(logits[ref[t]] - logits[got[t]])
 
 
 def main() -> None:
@@ -54,7 +72,8 @@ def main() -> None:
         sg_steps = sum(g["meta"]["spec_verify_ct"] for g in server["greedy"])
         emitted = steps = same = 0
         same_steps = [0, 0]
-        for prompt, g in zip(prompts, server["greedy"]):
+        diverged = []
+        for i, (prompt, g) in enumerate(zip(prompts, server["greedy"])):
             ids = tok(prompt, return_tensors="pt").input_ids
             res = generate(
                 target,
@@ -71,11 +90,18 @@ def main() -> None:
                 same += 1
                 same_steps[0] += g["meta"]["spec_verify_ct"]
                 same_steps[1] += len(res.steps)
+            else:
+                gap = first_divergence_gap(target, ids, res.tokens, g["output_ids"])
+                if gap is not None:
+                    diverged.append((i, *gap))
         print(
             f"| {server['label']} | {sg_tokens / sg_steps:.2f} | {emitted / steps:.2f} | {same}/{len(prompts)} | "
             f"{same_steps[0]} / {same_steps[1]} |",
             flush=True,
         )
+        for i, t, gap in diverged:
+            verdict = "near-tie" if gap < NEAR_TIE else "REAL GAP: a bug"
+            print(f"  prompt {i}: first difference at token {t}, fp32 gap {gap:.4f} ({verdict})")
 
 
 if __name__ == "__main__":

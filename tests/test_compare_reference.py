@@ -1,0 +1,27 @@
+"""e2e.compare_reference's judge of a greedy difference: the float32 logit gap at the first
+differing token, given the common prefix (a fake target whose logits depend on the last id)."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from e2e.compare_reference import first_divergence_gap
+
+
+def _target(ids: torch.Tensor):
+    last = int(ids[0, -1])
+    logits = torch.zeros(1, ids.shape[1], 6)
+    logits[0, -1] = torch.arange(6, dtype=torch.float32) * 0.01 * (last + 1)
+    return types.SimpleNamespace(logits=logits)
+
+
+def test_gap_at_the_first_difference_given_the_common_prefix():
+    prompt = torch.tensor([[3, 1]])
+    ref, got = [5, 4, 5, 2], [5, 4, 3, 2]
+    t, gap = first_divergence_gap(_target, prompt, ref, got)
+    # position 2, prefix ... 5, 4: logits 0.05 * id; reference 5, server 3
+    assert t == 2
+    assert abs(gap - 0.05 * (5 - 3)) < 1e-6
+    assert first_divergence_gap(_target, prompt, ref, list(ref)) is None
