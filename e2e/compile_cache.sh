@@ -2,7 +2,8 @@
 # Triton and SGLang JIT compile caches across device calls (a fresh device machine starts with
 # empty caches: on the 27B shape the GDN prefill/conv kernels alone compile for 20-45 s at serving
 # time, inside a 10-minute call). Run after `source .gpu-kit/setup.sh` (it sets both cache dirs):
-#   bash e2e/compile_cache.sh restore            # unpack .compile-cache/caches.tar.xz, if carried
+#   bash e2e/compile_cache.sh restore            # unpack .compile-cache/caches.tar.xz (or
+#                                                # $COMPILE_CACHE), if carried
 #   bash e2e/compile_cache.sh save "$OUT"        # pack both caches to $OUT/compile-cache.tar.xz
 # Between calls, copy the returned file to .compile-cache/ (ignored) and carry that folder.
 # The tarball is refused above 15 MiB (what a call can bring back per file is 16 MiB).
@@ -11,7 +12,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIRS=("${TRITON_CACHE_DIR:?source .gpu-kit/setup.sh first}" "${SGLANG_JIT_CACHE_DIR:?}")
 case "${1:-}" in
 restore)
-  f="$HERE/.compile-cache/caches.tar.xz"
+  f="${COMPILE_CACHE:-$HERE/.compile-cache/caches.tar.xz}"
   if [ -f "$f" ]; then
     tar xJf "$f" -C / && echo "compile_cache: restored $(du -sh "$f" | cut -f1) into ${DIRS[*]}"
   else

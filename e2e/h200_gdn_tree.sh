@@ -3,6 +3,7 @@
 # H200. Run from the repo root with the GPU kit carried:
 #   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_gdn_tree.sh            # kind nvidia-h200-x2
 #   source .gpu-kit/setup.sh && PARTS=tiny OUT=$OUT bash e2e/h200_gdn_tree.sh # one part per call
+#   source .gpu-kit/setup.sh && PARTS=variants OUT=$OUT bash e2e/h200_gdn_tree.sh
 # With both parts and two GPUs, the parts run side by side, the tiny pair on GPU 0 (port 30000),
 # the 27B shape on GPU 1 (port 30010); with one GPU, one after the other (more than one call).
 #  1. `sglang-spec patch apply` on the kit's SGLang (the series: 0001, 0002, 0003) and the plug-in
@@ -17,10 +18,14 @@
 #     the KV and mamba pools' free counts (/metrics) equal before and after, no error in the log.
 #     Judge any greedy difference on the CPU in fp32: python -m e2e.compare_reference
 #     <OUT>/e2e/e2e.json --pair hybrid;
-#  3. scale: the Qwen3.6-27B shape (dummy weights) at SGLang's default memory settings, DDTREE(63)
+#  3. variants (only when named in PARTS): the tiny part's greedy and slots checks, graphs server
+#     only, with `--mamba-radix-cache-strategy no_buffer` (the tiny and 27B configs resolve to
+#     extra_buffer) and `--chunked-prefill-size 96` (8 of the 16 prompts, 99-175 tokens, prefilled in chunks);
+#  4. scale: the Qwen3.6-27B shape (dummy weights) at SGLang's default memory settings, DDTREE(63)
 #     with the flag (its server config turns it on) and DFLASH in the same run: max_running_requests
 #     (scale.json, `mamba_cache_log`) and ms/step at C = LEVELS (default 1..32), graphs up to bs 8.
 # The compile caches are saved to <OUT>/compile-cache.tar.xz for the next call (e2e/compile_cache.sh).
+# Exit status: 1 if a part failed (or the patches did not apply), else 0.
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_gdn_tree}
 mkdir -p "$OUT"
@@ -40,7 +45,21 @@ tiny() {
     --servers "${SERVERS:-ddtree64+graphs+patched+replayssm,ddtree64+patched+replayssm}" \
     --dist-samples "${DIST_SAMPLES:-1000}" --dist-servers ddtree64+graphs+patched+replayssm \
     --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json >"$OUT/e2e.log" 2>&1
-  echo "e2e.tiny_pair rc $?" | tee -a "$OUT/e2e.log"
+  local status=$?
+  echo "e2e.tiny_pair rc $status" | tee -a "$OUT/e2e.log"
+  return $status
+}
+
+variants() {
+  timeout "${VARIANTS_LIMIT_S:-300}" "$PY" -m e2e.tiny_pair --out "$OUT/variants" --port 30000 \
+    --target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl" \
+    --num-prompts 16 --samples 4 --graph-bs "${GRAPH_BS:-4}" --abort-check 64 \
+    --servers ddtree64+graphs+patched+replayssm \
+    --server-arg mamba-radix-cache-strategy=no_buffer --server-arg chunked-prefill-size=96 \
+    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json >"$OUT/variants.log" 2>&1
+  local status=$?
+  echo "variants rc $status" | tee -a "$OUT/variants.log"
+  return $status
 }
 
 scale() {
@@ -48,21 +67,32 @@ scale() {
     --time-budget "${SCALE_BUDGET_S:-500}" --levels "${LEVELS:-1,2,4,8,16,32}" --graph-bs 8 \
     --server-arg mem-fraction-static= --server-arg max-running-requests= \
     --servers qwen3.6-27b:ddtree:b=63 qwen3.6-27b:dflash >"$OUT/scale.log" 2>&1
-  echo "e2e.scale rc $?" | tee -a "$OUT/scale.log"
+  local status=$?
+  echo "e2e.scale rc $status" | tee -a "$OUT/scale.log"
+  return $status
 }
 
+rc=0
 if [[ " $PARTS " == *" tiny "* && " $PARTS " == *" scale "* && $gpus -ge 2 ]]; then
   CUDA_VISIBLE_DEVICES=0 tiny &
+  tiny_pid=$!
   CUDA_VISIBLE_DEVICES=1 scale &
-  wait
+  scale_pid=$!
+  wait $tiny_pid || rc=1
+  wait $scale_pid || rc=1
 else
-  [[ " $PARTS " == *" tiny "* ]] && tiny
-  [[ " $PARTS " == *" scale "* ]] && scale
+  if [[ " $PARTS " == *" tiny "* ]]; then tiny || rc=1; fi
+  if [[ " $PARTS " == *" scale "* ]]; then scale || rc=1; fi
 fi
+if [[ " $PARTS " == *" variants "* ]]; then variants || rc=1; fi
 [ -f "$OUT/e2e.log" ] && tail -n 40 "$OUT/e2e.log"
+[ -f "$OUT/variants.log" ] && tail -n 20 "$OUT/variants.log"
 if [ -f "$OUT/scale.log" ]; then
   grep -E '^\|' "$OUT/scale.log" | tail -n 12
-  grep -h "max_running_requests\|Mamba Cache is allocated\|ReplaySSM ring" "$OUT"/scale/logs/*.log | head -n 8
+  grep -h "max_running_requests\|Mamba Cache is allocated\|ReplaySSM ring" "$OUT"/scale/logs/*.log 2>/dev/null | head -n 8
 fi
 bash e2e/compile_cache.sh save "$OUT"
-tar czf "$OUT/e2e_run.tgz" -C "$OUT" e2e 2>/dev/null
+runs=()
+for d in e2e variants; do [ -d "$OUT/$d" ] && runs+=("$d"); done
+[ ${#runs[@]} -gt 0 ] && tar czf "$OUT/e2e_run.tgz" -C "$OUT" "${runs[@]}"
+exit $rc

@@ -1,0 +1,116 @@
+"""``e2e/h200_gdn_tree.sh`` on the CPU, with a stand-in for the kit's Python: which harness runs it
+starts, on which GPU and port, after the patches and the plug-in are in place. Its two-GPU path
+has not run on a device yet (the two-GPU machine was not lent when it was written)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STUB = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then
+  case "$2" in
+    *device_count*) echo "$STUB_GPUS"; exit 0 ;;
+    *apply_patches*) echo "apply" >> "$STUB_CALLS"; exit "${STUB_APPLY_RC:-0}" ;;
+  esac
+  echo "unexpected -c: $2" >&2; exit 3
+fi
+sleep 0.2
+echo "CUDA=${CUDA_VISIBLE_DEVICES-unset} $*" >> "$STUB_CALLS"
+[ "$2" != "${STUB_FAIL:-none}" ]
+"""
+
+
+def run(tmp_path, gpus: int, **env) -> tuple[int, list[str]]:
+    stub = tmp_path / "python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    calls = tmp_path / "calls"
+    full = {
+        **{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+        "SGLANG_KIT_PYTHON": str(stub),
+        "STUB_CALLS": str(calls),
+        "STUB_GPUS": str(gpus),
+        "OUT": str(tmp_path / "out"),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "SGLANG_JIT_CACHE_DIR": str(tmp_path / "jit"),
+        "COMPILE_CACHE": str(tmp_path / "no-cache.tar.xz"),
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", "e2e/h200_gdn_tree.sh"], cwd=REPO, env=full, capture_output=True, text=True
+    )
+    return proc.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def _arg(call: str, flag: str) -> str:
+    argv = call.split()
+    return argv[argv.index(flag) + 1]
+
+
+def _module(call: str) -> str:
+    return _arg(call, "-m")
+
+
+def test_two_gpus_run_both_parts_side_by_side_after_the_patches(tmp_path):
+    rc, calls = run(tmp_path, gpus=2)
+    assert rc == 0
+    assert calls[0] == "apply"
+    runs = {_module(c): c for c in calls[1:]}
+    assert sorted(runs) == ["e2e.scale", "e2e.tiny_pair"]
+    tiny, scale = runs["e2e.tiny_pair"], runs["e2e.scale"]
+    assert tiny.startswith("CUDA=0 ") and scale.startswith("CUDA=1 ")
+    assert _arg(tiny, "--port") != _arg(scale, "--port")
+    assert _arg(tiny, "--dist-samples") == "1000"
+    assert _arg(tiny, "--dist-servers") == "ddtree64+graphs+patched+replayssm"
+    assert _arg(tiny, "--servers").split(",") == [
+        "ddtree64+graphs+patched+replayssm",
+        "ddtree64+patched+replayssm",
+    ]
+    assert _arg(scale, "--levels") == "1,2,4,8,16,32"
+    servers = scale.split("--servers ")[1].split()
+    assert servers == ["qwen3.6-27b:ddtree:b=63", "qwen3.6-27b:dflash"]
+
+
+def test_one_gpu_runs_the_parts_one_after_the_other(tmp_path):
+    rc, calls = run(tmp_path, gpus=1)
+    assert rc == 0
+    assert calls[0] == "apply"
+    assert [_module(c) for c in calls[1:]] == ["e2e.tiny_pair", "e2e.scale"]
+    assert all(c.startswith("CUDA=unset ") for c in calls[1:])
+
+
+@pytest.mark.parametrize("parts", ["tiny", "scale"])
+def test_one_part(tmp_path, parts):
+    rc, calls = run(tmp_path, gpus=2, PARTS=parts)
+    assert rc == 0
+    assert [_module(c) for c in calls[1:]] == [
+        {"tiny": "e2e.tiny_pair", "scale": "e2e.scale"}[parts]
+    ]
+
+
+def test_variants_serve_no_buffer_and_chunked_prefill(tmp_path):
+    rc, calls = run(tmp_path, gpus=1, PARTS="variants")
+    assert rc == 0
+    (call,) = calls[1:]
+    args = call.split()
+    flags = [args[i + 1] for i, a in enumerate(args) if a == "--server-arg"]
+    assert flags == ["mamba-radix-cache-strategy=no_buffer", "chunked-prefill-size=96"]
+    assert _arg(call, "--abort-check") == "64"
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("failing", ["e2e.tiny_pair", "e2e.scale"])
+def test_a_failed_part_fails_the_script_and_the_other_still_runs(tmp_path, gpus, failing):
+    rc, calls = run(tmp_path, gpus=gpus, STUB_FAIL=failing)
+    assert rc == 1
+    assert sorted(_module(c) for c in calls[1:]) == ["e2e.scale", "e2e.tiny_pair"]
+
+
+def test_nothing_serves_when_the_patches_do_not_apply(tmp_path):
+    rc, calls = run(tmp_path, gpus=2, STUB_APPLY_RC="1")
+    assert rc == 1 and calls == ["apply"]
