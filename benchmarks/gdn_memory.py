@@ -97,16 +97,8 @@ SCENARIOS = [
     ("ddtree63", "default", None),
     ("ddtree63+baseline", "s4", True),
     *[("ddtree63+baseline", "default", o) for o in (False, True)],
-    *[
-        (v, s, o)
-        for v in ("ddtree63+patched",)
-        for s in ("s4", "default")
-        for o in (False, True)
-    ],
-    *[
-        (v, "default+mfr1.5", True)
-        for v in ("dflash+replayssm", "ddtree63+patched")
-    ],
+    *[(v, s, o) for v in ("ddtree63+patched",) for s in ("s4", "default") for o in (False, True)],
+    *[(v, "default+mfr1.5", True) for v in ("dflash+replayssm", "ddtree63+patched")],
 ]
 
 

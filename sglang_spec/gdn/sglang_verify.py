@@ -19,7 +19,8 @@ path.
 ``retrieve_tree_paths`` (``[bs, N, W]`` int32, ``W`` = tree horizon + 1, row i = node i's root-first
 path padded with -1) comes from the verify input (``spec_info.retrieve_tree_paths``, set by the
 DDTREE plug-in from ``tree_paths(parents, width=W)``). The ring row of request ``b`` is
-``intermediate_state_indices[b]``, the row its conv windows use (docs/gdn_shared contract).
+``intermediate_state_indices[b]``, the row its conv inputs use (``tree_conv``; docs/gdn_shared
+contract).
 """
 
 from __future__ import annotations
