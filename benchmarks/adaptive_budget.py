@@ -31,14 +31,21 @@ from sglang_spec.plugin.budget import BudgetController, BudgetPolicy
 BASELINES = ("AR", "NEXTN", "DFLASH")
 
 
-def step_costs(records: list[dict], shape: str) -> dict[tuple[str, int | None], dict[int, float]]:
-    """(algorithm, budget) -> {C: ms per step} of ``shape``'s plain runs (no simulated acceptance,
-    no profiling variant), only where all C requests ran in one batch."""
+def step_costs(
+    records: list[dict], shape: str, one_batch: bool = True
+) -> dict[tuple[str, int | None], dict[int, float]]:
+    """(algorithm, budget) -> {C: ms per step} of ``shape``'s plain one-GPU runs (no simulated
+    acceptance, no profiling variant, TP 1), only where all C requests ran in one batch, unless not
+    ``one_batch``: then also the levels that ran in rounds (C above the server's
+    max_running_requests), whose ms per step (wall time / steps of the longest request) is what
+    serving C requests costs per step -- a baseline's served throughput, no budget's step cost."""
     costs: dict[tuple[str, int | None], dict[int, float]] = {}
     for r in records:
         if r["shape"] != shape or r.get("variant") or r.get("simulated_accept_len") is not None:
             continue
-        if r["concurrency"] > r["max_running_requests"]:
+        if (r.get("tp") or 1) != 1:
+            continue
+        if one_batch and r["concurrency"] > r["max_running_requests"]:
             continue
         key = (r["algorithm"], r["budget"])
         costs.setdefault(key, {})[r["concurrency"]] = float(r["ms_per_step"])
@@ -116,7 +123,9 @@ def main(argv=None) -> dict:
     if args.steps < 1:
         ap.error(f"--steps={args.steps} must be >= 1")
 
-    costs = step_costs(json.load(open(args.scale)), args.shape)
+    records = json.load(open(args.scale))
+    costs = step_costs(records, args.shape)
+    served = step_costs(records, args.shape, one_batch=False)
     table = cost_table(costs)
     if not table:
         ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}")
@@ -153,10 +162,11 @@ def main(argv=None) -> dict:
             if c in costs.get(("DDTREE", b), {})
         }
         base = {
-            a: c * base_tau[a] * 1000.0 / costs[(a, None)][c]
+            a: c * base_tau[a] * 1000.0 / served[(a, None)][c]
             for a in BASELINES
-            if c in costs.get((a, None), {})
+            if c in served.get((a, None), {})
         }
+        rounds = [a for a in base if c not in costs.get((a, None), {})]
         tps, settled, runs = simulate(policy, args.horizon, tau, c, args.steps)
         best_fixed = max(fixed.values())
         best_base = max(base.values()) if base else float("nan")
@@ -165,6 +175,7 @@ def main(argv=None) -> dict:
                 concurrency=c,
                 fixed_tokens_per_s=fixed,
                 baseline_tokens_per_s=base,
+                baselines_in_rounds=rounds,
                 adaptive_budget=settled,
                 adaptive_steps_per_budget=runs,
                 adaptive_tokens_per_s=tps,
@@ -173,7 +184,10 @@ def main(argv=None) -> dict:
             )
         )
         cells = [str(c)] + [f"{fixed[b]:.0f}" if b in fixed else "-" for b in budgets]
-        cells += [f"{base[a]:.0f}" if a in base else "-" for a in BASELINES]
+        cells += [
+            (f"{base[a]:.0f}" + (" (rounds)" if a in rounds else "")) if a in base else "-"
+            for a in BASELINES
+        ]
         cells += [str(settled), f"{tps:.0f}", f"{tps / best_fixed:.3f}", f"{tps / best_base:.3f}"]
         print("| " + " | ".join(cells) + " |")
     result = dict(

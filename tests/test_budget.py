@@ -259,7 +259,8 @@ def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
 
 def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
     """benchmarks/adaptive_budget.py: a level that ran in rounds (C above max_running_requests)
-    is no step cost; the DDTREE rows form a config the server accepts."""
+    is no step cost, nor is a TP = 2 run of the same server; the DDTREE rows form a config the
+    server accepts."""
     from benchmarks.adaptive_budget import cost_table, step_costs
 
     rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=2)
@@ -277,6 +278,7 @@ def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
             "variant": "stages",
         },
         {**rec, "algorithm": "AR", "budget": None, "concurrency": 1, "ms_per_step": 20.0},
+        {**rec, "algorithm": "AR", "budget": None, "concurrency": 1, "ms_per_step": 5.0, "tp": 2},
         {
             **rec,
             "shape": "t",
@@ -311,6 +313,10 @@ def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):
         {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 1, "ms_per_step": 26.6},
         {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 2, "ms_per_step": 27.6},
         {**rec, "algorithm": "DFLASH", "budget": None, "concurrency": 8, "ms_per_step": 39.3},
+        {**rec, "algorithm": "DDTREE", "budget": 15, "concurrency": 32, "ms_per_step": 90.0},
+        # DFLASH at C = 32 ran in rounds: a served throughput for the baseline column only
+        {**rec, "algorithm": "DFLASH", "concurrency": 32, "ms_per_step": 495.4}
+        | {"budget": None, "max_running_requests": 10},
     ]
     (tmp_path / "scale.json").write_text(json.dumps(records))
     accept = {
@@ -332,6 +338,10 @@ def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):
         ["--scale", str(tmp_path / "scale.json"), "--shape", "s", "--pair", "p", "--steps", "50"]
         + ["--acceptance", str(tmp_path / "acc.json")]
     )
-    assert [r["concurrency"] for r in out["rows"]] == [1, 8]
-    row8 = out["rows"][1]
+    assert [r["concurrency"] for r in out["rows"]] == [1, 8, 32]
+    row8, row32 = out["rows"][1:]
     assert row8["baseline_tokens_per_s"]["DFLASH"] == pytest.approx(8 * 3.0 * 1000 / 39.3)
+    assert row8["baselines_in_rounds"] == []
+    assert row32["baseline_tokens_per_s"]["DFLASH"] == pytest.approx(32 * 3.0 * 1000 / 495.4)
+    assert row32["baselines_in_rounds"] == ["DFLASH"]
+    assert "32" in out["settings"]["cost_ms"] and "DFLASH" not in str(out["settings"]["cost_ms"])
