@@ -38,28 +38,28 @@ bash e2e/compile_cache.sh restore
 PARTS=${PARTS:-tiny scale}
 gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 
-tiny() {
-  timeout "${E2E_LIMIT_S:-500}" "$PY" -m e2e.tiny_pair --out "$OUT/e2e" --port 30000 \
+tiny_run() {  # NAME LIMIT ARGS...: the tiny hybrid pair's checks into $OUT/NAME, log $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$PY" -m e2e.tiny_pair --out "$OUT/$name" --port 30000 \
     --target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl" \
-    --num-prompts 16 --samples 8 --graph-bs "${GRAPH_BS:-4}" --abort-check "${ABORT_CHECK:-64}" \
-    --servers "${SERVERS:-ddtree64+graphs+patched+replayssm,ddtree64+patched+replayssm}" \
-    --dist-samples "${DIST_SAMPLES:-1000}" --dist-servers ddtree64+graphs+patched+replayssm \
-    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json >"$OUT/e2e.log" 2>&1
+    --num-prompts 16 --graph-bs "${GRAPH_BS:-4}" \
+    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json "$@" >"$OUT/$name.log" 2>&1
   local status=$?
-  echo "e2e.tiny_pair rc $status" | tee -a "$OUT/e2e.log"
+  echo "$name: e2e.tiny_pair rc $status" | tee -a "$OUT/$name.log"
   return $status
 }
 
+tiny() {
+  tiny_run e2e "${E2E_LIMIT_S:-500}" --samples 8 --abort-check "${ABORT_CHECK:-64}" \
+    --servers "${SERVERS:-ddtree64+graphs+patched+replayssm,ddtree64+patched+replayssm}" \
+    --dist-samples "${DIST_SAMPLES:-1000}" --dist-servers ddtree64+graphs+patched+replayssm
+}
+
 variants() {
-  timeout "${VARIANTS_LIMIT_S:-300}" "$PY" -m e2e.tiny_pair --out "$OUT/variants" --port 30000 \
-    --target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl" \
-    --num-prompts 16 --samples 4 --graph-bs "${GRAPH_BS:-4}" --abort-check 64 \
+  tiny_run variants "${VARIANTS_LIMIT_S:-300}" --samples 4 --abort-check 64 \
     --servers ddtree64+graphs+patched+replayssm \
-    --server-arg mamba-radix-cache-strategy=no_buffer --server-arg chunked-prefill-size=96 \
-    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json >"$OUT/variants.log" 2>&1
-  local status=$?
-  echo "variants rc $status" | tee -a "$OUT/variants.log"
-  return $status
+    --server-arg mamba-radix-cache-strategy=no_buffer --server-arg chunked-prefill-size=96
 }
 
 scale() {
