@@ -4,47 +4,12 @@ has not run on a device yet (the two-GPU machine was not lent when it was writte
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-STUB = """#!/usr/bin/env bash
-if [ "$1" = "-c" ]; then
-  case "$2" in
-    *device_count*) echo "$STUB_GPUS"; exit 0 ;;
-    *apply_patches*) echo "apply" >> "$STUB_CALLS"; exit "${STUB_APPLY_RC:-0}" ;;
-  esac
-  echo "unexpected -c: $2" >&2; exit 3
-fi
-sleep 0.2
-echo "CUDA=${CUDA_VISIBLE_DEVICES-unset} $*" >> "$STUB_CALLS"
-[ "$2" != "${STUB_FAIL:-none}" ]
-"""
+from kit_stub import run_script
 
 
 def run(tmp_path, gpus: int, **env) -> tuple[int, list[str]]:
-    stub = tmp_path / "python"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
-    calls = tmp_path / "calls"
-    full = {
-        **{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
-        "SGLANG_KIT_PYTHON": str(stub),
-        "STUB_CALLS": str(calls),
-        "STUB_GPUS": str(gpus),
-        "OUT": str(tmp_path / "out"),
-        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
-        "SGLANG_JIT_CACHE_DIR": str(tmp_path / "jit"),
-        "COMPILE_CACHE": str(tmp_path / "no-cache.tar.xz"),
-        **env,
-    }
-    proc = subprocess.run(
-        ["bash", "e2e/h200_gdn_tree.sh"], cwd=REPO, env=full, capture_output=True, text=True
-    )
-    return proc.returncode, calls.read_text().splitlines() if calls.exists() else []
+    return run_script("h200_gdn_tree.sh", tmp_path, gpus, **env)
 
 
 def _arg(call: str, flag: str) -> str:
