@@ -33,13 +33,14 @@ def _path(parents_row: torch.Tensor, node: int) -> list[int]:
     return path[::-1]
 
 
-def _setup(bs: int, budget: int, seed: int, dtype=torch.float32):
-    """Pools, the verify's inputs and one random accepted path per request."""
+def _setup(bs: int, budget: int, seed: int, dtype=torch.float32, activations=None):
+    """Pools (conv dtype ``dtype``), the verify's conv inputs (``activations``, default the same)
+    and one random accepted path per request, ``accept_index`` exactly as wide as the longest."""
     g = torch.Generator().manual_seed(seed)
     parents = _trees(bs, budget, seed)
     n = parents.shape[1]
     conv = torch.randn(LAYERS, SLOTS, C, W - 1, generator=g).to(dtype)
-    mixed = torch.randn(LAYERS, bs * n, C, generator=g).to(dtype)
+    mixed = torch.randn(LAYERS, bs * n, C, generator=g).to(activations or dtype)
     slots = torch.randperm(SLOTS - 1, generator=g)[:bs] + 1  # slot 0 is SGLang's dummy
     rows = torch.randperm(bs + 2, generator=g)[:bs]  # any rows, not the batch positions
     paths = []
@@ -47,7 +48,7 @@ def _setup(bs: int, budget: int, seed: int, dtype=torch.float32):
         real = int((parents[b] >= 0).sum()) + 1
         paths.append(_path(parents[b], int(torch.randint(real, (1,), generator=g))))
     depth = max(len(p) for p in paths)
-    accept_index = torch.full((bs, depth + 2), -1, dtype=torch.int64)
+    accept_index = torch.full((bs, depth), -1, dtype=torch.int64)
     for b, p in enumerate(paths):
         accept_index[b, : len(p)] = torch.tensor(p) + b * n
     lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
@@ -77,21 +78,26 @@ def _verify(s: dict, width: int | None = None) -> torch.Tensor:
 def _expected_state(s: dict, layer: int, b: int, path: list[int]) -> torch.Tensor:
     n = s["n"]
     seq = [s["conv"][layer, s["slots"][b], :, j] for j in range(W - 1)]
-    seq += [s["mixed"][layer, b * n + node] for node in path]
+    seq += [s["mixed"][layer, b * n + node].to(s["conv"].dtype) for node in path]
     return torch.stack(seq[-(W - 1) :], dim=1)  # [C, W - 1], oldest first
 
 
 def test_buffer_shape_and_dtype():
     buf = conv_inputs_buffer((10240, 3), 48, 37, 65, torch.bfloat16, "meta")  # 2.5 GB if real
     assert buf.shape == (48, 37, 3 + 65, 10240) and buf.dtype == torch.bfloat16
+    assert buf.device.type == "meta"
 
 
 @pytest.mark.parametrize("budget", [6, 20, 40])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_commit_equals_the_accepted_paths_last_inputs(budget, dtype):
+@pytest.mark.parametrize(
+    "dtype, activations",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)],
+)
+def test_commit_equals_the_accepted_paths_last_inputs(budget, dtype, activations):
     """New conv state = last W - 1 of (pre-verify state, accepted path's inputs), on every layer,
-    bit for bit (copies only); slots no request owns are untouched."""
-    s = _setup(bs=4, budget=budget, seed=budget, dtype=dtype)
+    bit for bit (copies, and a cast where SGLANG_MAMBA_CONV_DTYPE differs from the activations);
+    slots no request owns are untouched."""
+    s = _setup(bs=4, budget=budget, seed=budget, dtype=dtype, activations=activations)
     inputs = _verify(s)
     conv = s["conv"].clone()
     conv[:, s["slots"]] = 7  # what SGLang's conv kernel leaves behind: garbage, overwritten
@@ -140,34 +146,41 @@ def test_a_request_that_commits_nothing_writes_only_the_dummy_slot():
 
 
 def test_track_snapshot_is_the_state_as_of_the_tracked_node():
-    """extra_buffer: the tracked node's conv state goes to the track slot; a node off the accepted
-    path, or -1, writes nothing there."""
-    s = _setup(bs=3, budget=40, seed=11)
-    for b in range(3):  # make every path at least 3 long so that a middle node exists
-        if len(s["paths"][b]) < 3:
-            parents = _trees(3, 40, 11)[b]
-            deepest = max(range(parents.shape[0]), key=lambda i: len(_path(parents, i)))
-            s["paths"][b] = _path(parents, deepest)
+    """extra_buffer: the tracked node's conv state goes to the track slot -- a middle node, the
+    root; a node off the accepted path, or -1 (request 0, whose padded accept_index columns hold
+    -1 too), writes nothing there."""
+    s = _setup(bs=4, budget=40, seed=11)
+    parents = _trees(4, 40, 11)
+    for b in range(4):  # request 0 short (padded), the others at least 3 long
+        if b == 0:
+            s["paths"][0] = s["paths"][0][:2]
+        elif len(s["paths"][b]) < 3:
+            deepest = max(range(parents.shape[1]), key=lambda i: len(_path(parents[b], i)))
+            s["paths"][b] = _path(parents[b], deepest)
     depth = max(len(p) for p in s["paths"])
-    s["index"] = torch.full((3, depth + 1), -1, dtype=torch.int64)
+    assert len(s["paths"][0]) < depth
+    s["index"] = torch.full((4, depth), -1, dtype=torch.int64)
     for b, p in enumerate(s["paths"]):
         s["index"][b, : len(p)] = torch.tensor(p) + b * s["n"]
     s["lens"] = torch.tensor([len(p) for p in s["paths"]], dtype=torch.int32)
     inputs = _verify(s)
-    track_slots = torch.tensor([0, 0, 0]) + torch.tensor(
-        [i for i in range(1, SLOTS) if i not in s["slots"].tolist()][:3]
-    )
-    off_path = next(i for i in range(1, s["n"]) if i not in s["paths"][1])
-    track_nodes = torch.tensor([s["paths"][0][1], off_path, -1])
+    track_slots = torch.tensor([i for i in range(1, SLOTS) if i not in s["slots"].tolist()][:4])
+    off_path = next(i for i in range(1, s["n"]) if i not in s["paths"][2])
+    track_nodes = torch.tensor([-1, s["paths"][1][1], off_path, 0])
     conv = s["conv"].clone()
     commit_conv_states(
         conv, inputs, s["slots"], s["rows"], s["index"], s["lens"], s["n"], track_slots, track_nodes
     )
     for layer in range(LAYERS):
-        want = _expected_state(s, layer, 0, s["paths"][0][:2])
-        assert torch.equal(conv[layer, track_slots[0]], want)
-        assert torch.equal(conv[layer, s["slots"][0]], _expected_state(s, layer, 0, s["paths"][0]))
-    assert torch.equal(conv[:, track_slots[1:]], s["conv"][:, track_slots[1:]])
+        assert torch.equal(
+            conv[layer, track_slots[1]], _expected_state(s, layer, 1, s["paths"][1][:2])
+        )
+        assert torch.equal(conv[layer, track_slots[3]], _expected_state(s, layer, 3, [0]))
+        for b in range(4):
+            want = _expected_state(s, layer, b, s["paths"][b])
+            assert torch.equal(conv[layer, s["slots"][b]], want)
+    untouched = track_slots[[0, 2]]
+    assert torch.equal(conv[:, untouched], s["conv"][:, untouched])
 
 
 def test_verify_rows_hold_the_state_then_the_inputs_and_a_narrower_width_fits():

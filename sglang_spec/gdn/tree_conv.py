@@ -50,15 +50,16 @@ def save_conv_inputs(
 ) -> None:
     """One layer's verify: ``inputs[rows[b]] = [conv_states[cache_indices[b]].T | node inputs]``.
 
-    ``inputs [R, W - 1 + N_max, C]``, ``conv_states [slots, C, W - 1]`` (read before the conv kernel
-    updates it), ``cache_indices``, ``rows [bs]``, ``mixed_qkv [bs * N, C]`` the conv's input, node
+    ``inputs [R, W - 1 + N_max, C]`` and ``conv_states [slots, C, W - 1]`` in the conv dtype (the
+    latter read before the conv kernel updates it), ``cache_indices``, ``rows [bs]``, ``mixed_qkv [bs * N, C]`` the conv's input, node
     ``i`` of request ``b`` at ``b * N + i``. A padding request (``cache_indices < 0``) reads some
     slot and writes its own row, which its commit never reads.
     """
     bs = rows.shape[0]
     state_len = conv_states.shape[-1]
     width = mixed_qkv.shape[0] // bs
-    inputs[rows, :state_len] = conv_states[cache_indices].transpose(1, 2).to(inputs.dtype)
+    inputs[rows, :state_len] = conv_states[cache_indices].transpose(1, 2)
+    # the conv dtype (SGLANG_MAMBA_CONV_DTYPE) may differ from the activations'
     inputs[rows, state_len : state_len + width] = mixed_qkv.view(bs, width, -1).to(inputs.dtype)
 
 
@@ -73,7 +74,7 @@ def _window_columns(
     """
     j = torch.arange(state_len, device=nodes.device)
     t = end[:, None] - state_len + j
-    node = nodes.gather(1, t.clamp(0, nodes.shape[1] - 1))
+    node = nodes.gather(1, t.clamp(min=0))  # t < end <= A
     return torch.where(t >= 0, state_len + node, state_len + t), end > 0
 
 
@@ -110,6 +111,4 @@ def commit_conv_states(
     for dst, end in targets:
         columns, valid = _window_columns(nodes, end, state_len)
         window = inputs[:, rows.long()[:, None], columns]  # [L, bs, W - 1, C]
-        conv_states[:, torch.where(valid & (dst >= 0), dst, 0)] = window.transpose(2, 3).to(
-            conv_states.dtype
-        )
+        conv_states[:, torch.where(valid & (dst >= 0), dst, 0)] = window.transpose(2, 3)
