@@ -20,7 +20,8 @@
 #     <OUT>/e2e/e2e.json --pair hybrid;
 #  3. variants (only when named in PARTS): the tiny part's greedy and slots checks, graphs server
 #     only, with `--mamba-radix-cache-strategy no_buffer` (the tiny and 27B configs resolve to
-#     extra_buffer) and `--chunked-prefill-size 96` (8 of the 16 prompts, 99-175 tokens, prefilled in chunks);
+#     extra_buffer) and `--chunked-prefill-size 96` (8 of the 16 prompts, 99-175 tokens, prefilled
+#     in chunks);
 #  4. scale: the Qwen3.6-27B shape (dummy weights) at SGLang's default memory settings, DDTREE(63)
 #     with the flag (its server config turns it on) and DFLASH in the same run: max_running_requests
 #     (scale.json, `mamba_cache_log`) and ms/step at C = LEVELS (default 1..32), graphs up to bs 8.
@@ -44,7 +45,8 @@ tiny_run() {  # NAME LIMIT ARGS...: the tiny hybrid pair's checks into $OUT/NAME
   timeout "$limit" "$PY" -m e2e.tiny_pair --out "$OUT/$name" --port 30000 \
     --target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "$F/heldout_prompts.jsonl" \
     --num-prompts 16 --graph-bs "${GRAPH_BS:-4}" \
-    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json "$@" >"$OUT/$name.log" 2>&1
+    --baseline benchmarks/results/e2e_h200/session3/ar_dflash_graphs16.json "$@" \
+    >"$OUT/$name.log" 2>&1
   local status=$?
   echo "$name: e2e.tiny_pair rc $status" | tee -a "$OUT/$name.log"
   return $status

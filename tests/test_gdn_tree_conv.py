@@ -1,4 +1,5 @@
-"""sglang_spec.gdn.tree_conv: the GDN tree verify keeps conv inputs, the commit rebuilds the conv state.
+"""sglang_spec.gdn.tree_conv: the GDN tree verify keeps conv inputs, the commit rebuilds the conv
+state.
 
 Oracle: a plain loop per request, the definition of a causal conv's state -- the last ``W - 1``
 entries of "the conv state before the verify, then the inputs along the accepted root-first path".

@@ -51,8 +51,8 @@ def save_conv_inputs(
     """One layer's verify: ``inputs[rows[b]] = [conv_states[cache_indices[b]].T | node inputs]``.
 
     ``inputs [R, W - 1 + N_max, C]`` and ``conv_states [slots, C, W - 1]`` in the conv dtype (the
-    latter read before the conv kernel updates it), ``cache_indices``, ``rows [bs]``, ``mixed_qkv [bs * N, C]`` the conv's input, node
-    ``i`` of request ``b`` at ``b * N + i``. A padding request (``cache_indices < 0``) reads some
+    latter read before the conv kernel updates it), ``cache_indices``, ``rows [bs]``,
+    ``mixed_qkv [bs * N, C]`` the conv's input, node ``i`` of request ``b`` at ``b * N + i``. A padding request (``cache_indices < 0``) reads some
     slot and writes its own row, which its commit never reads.
     """
     bs = rows.shape[0]
