@@ -20,8 +20,8 @@
 #     <OUT>/e2e/e2e.json --pair hybrid;
 #  3. variants (only when named in PARTS): the tiny part's greedy and slots checks, graphs server
 #     only, with `--mamba-radix-cache-strategy no_buffer` (the tiny and 27B configs resolve to
-#     extra_buffer) and `--chunked-prefill-size 96` (8 of the 16 prompts, 99-175 tokens, prefilled
-#     in chunks);
+#     extra_buffer; SGLang allows no_buffer only with `--disable-overlap-schedule`) and
+#     `--chunked-prefill-size 96` (8 of the 16 prompts, 99-175 tokens, prefilled in chunks);
 #  4. scale: the Qwen3.6-27B shape (dummy weights) at SGLang's default memory settings, DDTREE(63)
 #     with the flag (its server config turns it on) and DFLASH in the same run: max_running_requests
 #     (scale.json, `mamba_cache_log`) and ms/step at C = LEVELS (default 1..32), graphs up to bs 8.
@@ -61,7 +61,8 @@ tiny() {
 variants() {
   tiny_run variants "${VARIANTS_LIMIT_S:-300}" --samples 4 --abort-check 64 \
     --servers ddtree64+graphs+patched+replayssm \
-    --server-arg mamba-radix-cache-strategy=no_buffer --server-arg chunked-prefill-size=96
+    --server-arg mamba-radix-cache-strategy=no_buffer --server-arg chunked-prefill-size=96 \
+    --server-arg disable-overlap-schedule
 }
 
 scale() {

@@ -64,7 +64,12 @@ def test_variants_serve_no_buffer_and_chunked_prefill(tmp_path):
     (call,) = calls[1:]
     args = call.split()
     flags = [args[i + 1] for i, a in enumerate(args) if a == "--server-arg"]
-    assert flags == ["mamba-radix-cache-strategy=no_buffer", "chunked-prefill-size=96"]
+    # SGLang refuses no_buffer with the overlap scheduler (validate_mamba_no_buffer)
+    assert flags == [
+        "mamba-radix-cache-strategy=no_buffer",
+        "chunked-prefill-size=96",
+        "disable-overlap-schedule",
+    ]
     assert _arg(call, "--abort-check") == "64"
 
 
