@@ -426,9 +426,12 @@ class Run:
                 entry["stages"] = summarize_stage_file(self.out / "stages", spec.slug)
 
     def warmup(self, url: str, todo: list[int], info: dict) -> None:
-        """JIT compilation and first-use allocations before anything is timed."""
-        n = min(max(todo or [1]), info["max_running_requests"] or 1)
-        for count in sorted({1, n}):
+        """JIT compilation and first-use allocations before anything is timed, at every level's
+        batch size: Triton specialises kernels on integer arguments (1, multiples of 16), so a
+        batch size first seen inside a timed level would time its compilation (session 9: the
+        27B DDTREE's C = 2 level cost 45 ms per step, C = 4 33 ms, with only 1 and 32 warmed)."""
+        cap = info["max_running_requests"] or max(todo or [1])
+        for count in sorted({1} | {min(c, cap) for c in todo}):
             ids = prompts(count, ("warmup", count), self.args.prompt_len)
             generate(url, ids, 8, min(300.0, self.remaining() - self.args.reserve))
 

@@ -59,13 +59,13 @@ def level_tables(recs: list[dict]) -> str:
     for shape in sorted({r["shape"] for r in recs}):
         groups = _servers([r for r in recs if r["shape"] == shape])
         levels = sorted({r["concurrency"] for g in groups.values() for r in g})
-        head = "| server | width | max running | start s | tok/step (C=1) |"
+        head = "| server | width | max running | graphs to bs | start s | tok/step (C=1) |"
         cols = "".join(f" C={c} |" for c in levels)
         for title, field, fmt in (
             ("ms per step", "ms_per_step", "{:.1f}"),
             ("output tokens/s", "tokens_per_s", "{:.0f}"),
         ):
-            out += [f"### {shape}: {title}", "", head + cols, "|---" * (5 + len(levels)) + "|"]
+            out += [f"### {shape}: {title}", "", head + cols, "|---" * (6 + len(levels)) + "|"]
             for name, rows in groups.items():
                 by_c = {r["concurrency"]: r for r in rows}
                 first = rows[0]
@@ -75,7 +75,8 @@ def level_tables(recs: list[dict]) -> str:
                 )
                 out.append(
                     f"| {name} | {first['width']} | {first['max_running_requests']} | "
-                    f"{first.get('start_s', '-')} | {tps:.2f} |{cells}"
+                    f"{first.get('cuda_graph_max_bs', '-')} | {first.get('start_s', '-')} | "
+                    f"{tps:.2f} |{cells}"
                 )
             out.append("")
     return "\n".join(out)
@@ -127,7 +128,11 @@ def report(recs: list[dict], extras: Path | None) -> str:
         "ms per step = level wall time / verify steps of its longest request (AR: decode steps); "
         "each level sends C requests of distinct 512-token id prompts at once, 128 new tokens, "
         "greedy, ignore_eos. `max running` is SGLang's max_running_requests after any cap: a level "
-        "with C above it runs in rounds. τ sim. = SGLANG_SIMULATE_ACC_LEN.",
+        "with C above it runs in rounds. `graphs to bs`: decode CUDA graphs up to this batch "
+        "size, larger batches run eagerly. τ sim. = SGLANG_SIMULATE_ACC_LEN. Levels measured "
+        "before 2026-12-01 13:00 warmed only batch size 1 and the largest level's: a batch size "
+        "first seen in a timed level timed Triton's compilation too (27B DDTREE(7): C = 2 cost "
+        "45.1 ms per step, 27.5 ms once warmed).",
         "",
         level_tables(recs),
     ]

@@ -24,6 +24,7 @@ def _rec(algorithm="AR", c=1, budget=None, ms=20.0, **kw):
         "tokens_per_s": 1000.0 * c / ms,
         "tokens_per_step": 1.0,
         "max_running_requests": 8,
+        "cuda_graph_max_bs": 8,
         "start_s": 100.0,
     }
     return {**base, **kw}
@@ -193,7 +194,8 @@ CANNED = [
     _rec(
         "NEXTN", 2, ms=47.3, mamba_cache_log=["Mamba Cache is allocated. max_mamba_cache_size: 24"]
     ),
-    {**_rec("AR", 1, ms=9.0), "shape": "qwen3-8b"},
+    # a record from before the harness wrote its graph batch size
+    {k: v for k, v in _rec("AR", 1, ms=9.0, shape="qwen3-8b").items() if k != "cuda_graph_max_bs"},
 ]
 
 
@@ -203,16 +205,16 @@ def test_level_tables_on_canned_records():
     ms = lines[lines.index("### qwen3.6-27b: ms per step") :]
     rows = [ln for ln in ms if ln.startswith("| ")][1:6]
     assert rows == [
-        "| AR | 1 | 8 | 100.0 | 1.00 | 19.8 | - | 25.6 |",
-        "| NEXTN | 4 | 8 | 100.0 | 1.00 | - | 47.3 | - |",
-        "| DFLASH | 16 | 8 | 100.0 | 1.06 | 26.8 | - | 56.8 |",
-        "| DDTREE(15) [τ 4.05 sim.] | 16 | 8 | 100.0 | 4.05 | 35.0 | - | - |",
-        "| DDTREE(63) | 64 | 1 | 100.0 | 1.00 | 39.9 | - | 311.0 |",
+        "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 19.8 | - | 25.6 |",
+        "| NEXTN | 4 | 8 | 8 | 100.0 | 1.00 | - | 47.3 | - |",
+        "| DFLASH | 16 | 8 | 8 | 100.0 | 1.06 | 26.8 | - | 56.8 |",
+        "| DDTREE(15) [τ 4.05 sim.] | 16 | 8 | 8 | 100.0 | 4.05 | 35.0 | - | - |",
+        "| DDTREE(63) | 64 | 1 | 8 | 100.0 | 1.00 | 39.9 | - | 311.0 |",
     ]
     tps = lines[lines.index("### qwen3.6-27b: output tokens/s") :]
-    assert "| AR | 1 | 8 | 100.0 | 1.00 | 51 | - | 312 |" in tps
+    assert "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 51 | - | 312 |" in tps
     assert "### qwen3-8b: ms per step" in lines
-    assert "| AR | 1 | 8 | 100.0 | 1.00 | 9.0 |" in lines
+    assert "| AR | 1 | 8 | - | 100.0 | 1.00 | 9.0 |" in lines
 
 
 def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
@@ -256,7 +258,7 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
         == 24.0
     )
     md = results.with_suffix(".md").read_text()
-    assert "| AR | 1 | 8 | 100.0 | 1.00 | 19.8 | - | 24.0 |" in md
+    assert "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 19.8 | - | 24.0 |" in md
     assert "max_running_requests is capped to 1" in md and "Mamba Cache is allocated" in md
     assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 |" in md  # bs sorted numerically
     assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 |" in md

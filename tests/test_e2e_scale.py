@@ -294,8 +294,9 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     # bs 4: the warmup's 3 steps (8 tokens) and the level's 4; the fake's draft host ms alternate
     # 1, 2, 1 | 1, 2, 1, 2: median 1 (a mean would say 1.43)
     assert stages["by_bs"]["4"]["steps"] == 7 and stages["by_bs"]["4"]["host_ms"]["draft"] == 1.0
-    # bs 2: the level's 4 steps and the profiled run's 4
-    assert stages["by_bs"]["2"]["steps"] == 8 and stages["by_bs"]["2"]["host_ms"]["draft"] == 1.5
+    # bs 2: the warmup's 3 steps (every level's batch size is warmed), the level's 4 and the
+    # profiled run's 4: 1, 2, 1 | 1, 2, 1, 2 | 1, 2, 1, 2, median 1
+    assert stages["by_bs"]["2"]["steps"] == 11 and stages["by_bs"]["2"]["host_ms"]["draft"] == 1.0
     prof = json.loads(
         (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2.json").read_text()
     )
