@@ -66,19 +66,32 @@ def cost_table(
     }
 
 
-def tiny_pair_tau(rows: list[dict], pair: str, tree_temperature: float) -> dict[str, float]:
-    """Pooled tokens per verify step: "DFLASH" and "DDTREE<B>" (chain on, ``tree_temperature``)."""
-    tau = {}
-    for r in rows:
-        if r["pair"] != pair:
-            continue
-        if r["method"] == "dflash":
-            name = "DFLASH"
-        elif r["method"] == "ddtree" and r["chain"] and r["tree_temperature"] == tree_temperature:
-            name = f"DDTREE{r['budget']}"
-        else:
-            continue
-        tau[name] = sum(r["completion_tokens"]) / sum(r["verify_steps"])
+def tiny_pair_tau(files: list[list[dict]], pair: str, tree_temperature: float) -> dict[str, float]:
+    """Pooled tokens per verify step: "DFLASH" and "DDTREE<B>" (chain on, ``tree_temperature``),
+    from the rows of one or more ``benchmarks.chain_inclusive`` runs (e.g. budgets 15/31/63 in one,
+    3/7 in another). Their ratios are comparable only on the same prompts, so every run's DFLASH
+    tau must be the same."""
+    tau: dict[str, float] = {}
+    for i, rows in enumerate(files):
+        for r in rows:
+            if r["pair"] != pair:
+                continue
+            if r["method"] == "dflash":
+                name = "DFLASH"
+            elif (
+                r["method"] == "ddtree" and r["chain"] and r["tree_temperature"] == tree_temperature
+            ):
+                name = f"DDTREE{r['budget']}"
+            else:
+                continue
+            value = sum(r["completion_tokens"]) / sum(r["verify_steps"])
+            if name == "DFLASH" and name in tau and abs(tau[name] - value) > 1e-9:
+                raise ValueError(
+                    f"--acceptance file {i + 1} has DFLASH tau {value:.4f} for pair {pair!r}, an "
+                    f"earlier file {tau[name]:.4f}: the runs used different prompts; valid: runs "
+                    "of one prompt set"
+                )
+            tau[name] = value
     if "DFLASH" not in tau or len(tau) < 2:
         raise ValueError(
             f"--acceptance has no DFLASH and chain-inclusive DDTREE rows for pair {pair!r} at tree "
@@ -107,7 +120,15 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", default="benchmarks/results/scale_h200.json")
     ap.add_argument("--shape", default="qwen3.6-27b")
-    ap.add_argument("--acceptance", default="benchmarks/results/chain_inclusive.json")
+    ap.add_argument(
+        "--acceptance",
+        nargs="+",
+        default=[
+            "benchmarks/results/chain_inclusive.json",
+            "benchmarks/results/chain_inclusive_small_budgets.json",
+        ],
+        help="benchmarks.chain_inclusive JSON files of one prompt set (their rows are pooled)",
+    )
     ap.add_argument("--pair", default="hybrid")
     ap.add_argument("--tree-temperature", type=float, default=0.75)
     ap.add_argument("--horizon", type=int, default=15, help="the shape's drafter L (block - 1)")
@@ -135,7 +156,12 @@ def main(argv=None) -> dict:
         with open(args.write_config, "w") as f:
             json.dump(config, f, indent=2)
             f.write("\n")
-    tiny = tiny_pair_tau(json.load(open(args.acceptance))["rows"], args.pair, args.tree_temperature)
+    try:
+        tiny = tiny_pair_tau(
+            [json.load(open(f))["rows"] for f in args.acceptance], args.pair, args.tree_temperature
+        )
+    except ValueError as e:
+        ap.error(str(e))
     missing = [b for b in policy.budgets if f"DDTREE{b}" not in tiny]
     if missing:
         ap.error(f"--acceptance has no tau for budgets {missing} (pair {args.pair})")

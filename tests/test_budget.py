@@ -140,8 +140,25 @@ def test_unmeasured_candidates_are_explored_then_probed():
         seen.append(b)
         ctl.observe(b, [4.0 * (i + 2) for i in range(len(ctl.measured_by(b)))], 4)
     assert seen == [7, 7, 31, 31]
-    # now all measured: tau 7 = 2, 15 = 2, 31 = 3 -> 7 (2/30) beats 15 (2/37) and 31 (3/60)
-    assert [ctl.choose(4) for _ in range(8)] == [7, 7, 7, 31, 7, 7, 7, 31]  # probe every 4th step
+    # now all measured: tau 7 = 2, 15 = 2, 31 = 3 -> 7 (2/30) beats 15 (2/37) and 31 (3/60);
+    # a probe at 31 costs 2x a step at 7, so it comes every 4 x 2 = 8 steps, not every 4
+    assert [ctl.choose(4) for _ in range(16)] == ([7] * 7 + [31]) * 2
+
+
+def test_probes_cost_under_one_interval_th_of_the_time_at_any_cost_ratio():
+    """A flat probe interval spent 5 % of the 27B's C = 32 throughput probing budget 63 (290 ms a
+    step) beside budget 7 (71 ms); the period scales with the probe's cost."""
+    table = {"cost_ms": {"1": {"7": 71.2, "15": 99.6, "63": 289.7}}, "warmup_steps": 1}
+    ctl = _controller(table, tau={7: 2.6, 15: 3.0, 63: 4.2})
+    picks = [ctl.choose(1) for _ in range(64 * 5 * 3)]
+    assert picks.count(63) == 3 and picks[64 * 5 - 1] == 63  # every 64 x ceil(289.7 / 71.2) steps
+    assert set(picks) == {7, 63}
+    cost = {int(b): ms for b, ms in table["cost_ms"]["1"].items()}
+    probing = sum(cost[b] for b in picks) / (len(picks) * cost[7]) - 1
+    assert 0 < probing < 1 / 64
+    # the chosen budget is the largest: every probe_interval-th step is a plain step at it
+    wide = _controller(table, tau={7: 1.0, 15: 1.0, 63: 9.0})
+    assert [wide.choose(1) for _ in range(128)] == [63] * 128
 
 
 def test_observing_the_largest_budget_measures_the_bucket_at_once():
@@ -345,3 +362,38 @@ def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):
     assert row32["baseline_tokens_per_s"]["DFLASH"] == pytest.approx(32 * 3.0 * 1000 / 495.4)
     assert row32["baselines_in_rounds"] == ["DFLASH"]
     assert "32" in out["settings"]["cost_ms"] and "DFLASH" not in str(out["settings"]["cost_ms"])
+
+
+def test_the_projection_pools_acceptance_runs_of_one_prompt_set(tmp_path, capsys):
+    """Budgets 15/31/63 and 3/7 come from two chain_inclusive runs; their ratios to DFLASH are
+    comparable only when both ran the same prompts (the same DFLASH tau), else it is refused."""
+    import json
+
+    from benchmarks.adaptive_budget import main
+
+    rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=64)
+    records = [
+        {**rec, "algorithm": "DDTREE", "budget": b, "concurrency": 1, "ms_per_step": ms}
+        for b, ms in ((7, 26.0), (15, 28.0))
+    ]
+    (tmp_path / "scale.json").write_text(json.dumps(records))
+
+    def run(budget, dflash_tokens):
+        common = dict(pair="p", verify_steps=[10])
+        rows = [dict(common, method="dflash", completion_tokens=[dflash_tokens])]
+        rows.append(
+            dict(common, method="ddtree", chain=True, tree_temperature=0.75, budget=budget)
+            | {"completion_tokens": [budget * 2]}
+        )
+        path = tmp_path / f"acc{budget}_{dflash_tokens}.json"
+        path.write_text(json.dumps({"rows": rows}))
+        return str(path)
+
+    argv = ["--scale", str(tmp_path / "scale.json"), "--shape", "s", "--pair", "p", "--steps", "20"]
+    out = main(argv + ["--acceptance", run(15, 25), run(7, 25)])
+    # tau = 3.0 x DDTREE(B) / DFLASH: 15 -> 3.0 x 3.0 / 2.5, 7 -> 3.0 x 1.4 / 2.5
+    assert out["settings"]["tau"] == {7: pytest.approx(1.68), 15: pytest.approx(3.6)}
+    with pytest.raises(SystemExit):
+        main(argv + ["--acceptance", run(15, 25), run(7, 30)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "file 2 has DFLASH tau 3.0000" in err and "earlier file 2.5000" in err
