@@ -50,6 +50,7 @@ PROFILE: dict = {}
 LEAK = os.environ.get("FAKE_LEAK", "")
 POOL = {"kv_available": 90000, "kv_evictable": 0, "mamba_evictable": 0, "running": 0}
 POOL_LOCK = threading.Lock()
+LOG_LOCK = threading.Lock()  # the log lines other threads write
 ABORTED: set[str] = set()
 
 
@@ -206,7 +207,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 POOL["kv_available"] += 0 if LEAK == "kv" else held
                 POOL["mamba_available"] += 0 if LEAK == "mamba" else 1
         if aborted and os.environ.get("FAKE_ABORT_TRACEBACK"):
-            print("Traceback (most recent call last):\n  ValueError: fake abort", flush=True)
+            # one write per traceback: print()'s separate newline write let two handler threads'
+            # tracebacks run together on one log line (a flaky slots test)
+            with LOG_LOCK:
+                sys.stdout.write("Traceback (most recent call last):\n  ValueError: fake abort\n")
+                sys.stdout.flush()
 
     def log_message(self, *args):
         pass
