@@ -322,21 +322,33 @@ def test_valid_defaults(models):
     assert messages == [
         "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a per-request "
         "mask: one of ('flashinfer', 'fa3', 'triton')).",
-        "DDTREE resolved: block_size=8 (horizon 7), budget=7, verify width=8, K per depth=1, "
+        # the default width is twice the block: the greedy chain (7 nodes) and 8 more, K = 15 - 7 + 1
+        "DDTREE resolved: block_size=8 (horizon 7), budget=15, verify width=16, K per depth=9, "
         "tree temperature=0.75, simulated acceptance=None, attention=flashinfer.",
-        "DDTREE: budget 7 = the drafter's horizon, so every tree is the drafter's greedy chain "
-        "(what DFLASH verifies); for a tree give --speculative-num-draft-tokens above 8 (e.g. 32).",
     ]
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
-    assert cfg.speculative_num_draft_tokens == 8  # budget = block - 1
+    assert cfg.speculative_num_draft_tokens == 16  # budget = 2 * block - 1
     assert cfg.speculative_num_steps == 1
-    assert cfg.speculative_eagle_topk == 2  # K = 1 (the tree is the chain), tree mode kept
+    assert cfg.speculative_eagle_topk == 9
     assert cfg.disable_overlap_schedule is False  # SGLang's overlap scheduler, as for DFLASH
     assert cfg.enable_mixed_chunk is False
     assert cfg.attention_backend == "flashinfer"  # declared when none is given
     assert cfg.speculative_draft_attention_backend is not None  # upstream DFLASH handling ran
-    assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 8
+    assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 16
+
+
+@pytest.mark.usefixtures("loaded")
+def test_a_budget_at_the_horizon_is_said_to_be_the_chain(models):
+    """Width = block (the reference's default budget, L): a chain-inclusive tree is the chain."""
+    with _plugin_log_messages() as messages:
+        cfg, _ = _resolve(models, "--speculative-num-draft-tokens", "8")
+    assert messages[-1] == (
+        "DDTREE: budget 7 = the drafter's horizon, so every tree is the drafter's greedy chain "
+        "(what DFLASH verifies); for a tree give --speculative-num-draft-tokens above 8 (e.g. 32)."
+    )
+    assert cfg.speculative_num_draft_tokens == 8
+    assert cfg.speculative_eagle_topk == 2  # K = 1 (the tree is the chain), tree mode kept
 
 
 @pytest.mark.usefixtures("loaded")
@@ -558,12 +570,12 @@ BOUNDARIES = {
     ),
     "mamba track interval": (
         (
-            ("--mamba-track-interval", "7"),
+            ("--mamba-track-interval", "15"),  # the default width, 2 x block 8
             {},
-            "--mamba-track-interval=7 is below the DDTREE verify width 8; valid: >= 8 (hybrid "
+            "--mamba-track-interval=15 is below the DDTREE verify width 16; valid: >= 16 (hybrid "
             "linear-attention targets).",
         ),
-        (("--mamba-track-interval", "8"), {}),
+        (("--mamba-track-interval", "16"), {}),
     ),
     "drafter not DFlash": (
         (
@@ -635,7 +647,7 @@ def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
         config, "applied_patches", lambda: (config.RESERVE_PATCH, *config.GDN_TREE_PATCHES)
     )
     cfg, _ = _resolve(models, flag)
-    assert cfg.enable_linear_replayssm_spec is True and cfg.speculative_eagle_topk == 2
+    assert cfg.enable_linear_replayssm_spec is True and cfg.speculative_eagle_topk == 9
     cfg, _ = _resolve(models, flag, "--linear-attn-verify-backend", "triton")
     assert cfg.speculative_algorithm == "DDTREE"
     # the tree verify is the Triton kernel: an explicit FlashInfer verify, or the one SGLang
@@ -700,8 +712,9 @@ def test_tree_temperature_env(models, monkeypatch):
             monkeypatch.delenv(ENV_TREE_TEMPERATURE, raising=False)
         else:
             monkeypatch.setenv(ENV_TREE_TEMPERATURE, raw)
+        resolved.clear()
         _resolve(models)
-        (line,) = [m for m in resolved[-2:] if m.startswith("DDTREE resolved")]
+        (line,) = [m for m in resolved if m.startswith("DDTREE resolved")]
         assert f"tree temperature={want:g}," in line
     assert config.parse_tree_temperature(None) == config.parse_tree_temperature(" ") == 0.75
     for bad in ("0", "-2", "nan", "inf", "warm"):

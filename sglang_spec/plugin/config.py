@@ -8,8 +8,8 @@ processes, which inherit the launcher's environment.
 
 * ``--speculative-algorithm DDTREE``
 * ``--speculative-draft-model-path``: the DFlash drafter (required).
-* ``--speculative-num-draft-tokens N``: verify width = 1 + budget (default: the drafter block size,
-  i.e. budget = block - 1, the reference default).
+* ``--speculative-num-draft-tokens N``: verify width = 1 + budget (default: twice the drafter
+  block size, :func:`default_verify_width`).
 * ``--speculative-dflash-block-size B``: must equal the drafter config's ``block_size`` when both
   are known.
 * ``SGLANG_DDTREE_TOPK=K``: candidates kept per depth, ``1 <= K <= budget`` (default
@@ -322,6 +322,18 @@ def check_verify_width(width: int) -> int:
     return width
 
 
+def default_verify_width(block: int) -> int:
+    """The verify width when ``--speculative-num-draft-tokens`` is not given: ``2 * block``, i.e.
+    budget ``2 * block - 1`` = the drafter's greedy chain (L = block - 1 nodes) plus as many
+    best-first nodes again. The reference's default, budget L, makes a chain-inclusive tree the
+    chain itself: DFLASH's verify at a tree's cost. Measured (benchmarks/results/chain_inclusive.md,
+    adaptive_budget.md): at block 16 the tiny pairs make 1.34x (hybrid) and 1.40x (Qwen3) DFLASH's
+    tokens per step at budget 31, and a 27B-shaped hybrid's step costs 29.8 ms against budget 15's
+    28.1 at one request, 51.5 against 38.4 at 8 (graphs to bs 8): more tokens per second than DFLASH
+    at every measured concurrency of the projection. Budget by batch size chooses per batch."""
+    return 2 * block
+
+
 def check_kv_reserve(width: int, block: int, patched: bool) -> None:
     """dflash_info_v2.py:142-147 reserves 2 * speculative_num_draft_tokens KV slots per request
     per decode step, but the draft block writes ``block`` of them (patch P3 lifts this)."""
@@ -628,7 +640,8 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     block = resolve_block_size(flag_block, drafter_block_size(cfg))
     width = adaptive_width or cfg.speculative_num_draft_tokens
     config = DDTreeConfig.build(
-        block_size=block, verify_width=block if width is None else int(width)
+        block_size=block,
+        verify_width=default_verify_width(block) if width is None else int(width),
     )
     applied = applied_patches()
     check_kv_reserve(config.verify_width, block, RESERVE_PATCH in applied)
