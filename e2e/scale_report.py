@@ -130,7 +130,7 @@ def report(recs: list[dict], extras: Path | None) -> str:
         "greedy, ignore_eos. `max running` is SGLang's max_running_requests after any cap: a level "
         "with C above it runs in rounds. `graphs to bs`: decode CUDA graphs up to this batch "
         "size, larger batches run eagerly. τ sim. = SGLANG_SIMULATE_ACC_LEN. Levels measured "
-        "before 2026-12-01 13:00 warmed only batch size 1 and the largest level's: a batch size "
+        "before 2026-12-01 12:40 UTC warmed only batch size 1 and the largest level's: a batch size "
         "first seen in a timed level timed Triton's compilation too (27B DDTREE(7): C = 2 cost "
         "45.1 ms per step, 27.5 ms once warmed).",
         "",
