@@ -283,3 +283,36 @@ def test_verify_states_capture_the_overridden_batch_sizes():
     assert out["inside"] == [[1, 2], 65]
     assert out["eager"] == [[1, 2, 3, 4], 33]
     assert out["after"] == [[1, 2, 3, 4], 16]
+
+
+def test_refresh_verify_graph_buffers_calls_only_the_backends_that_keep_some():
+    """The hybrid GDN backend forwards SGLang's update_verify_buffers_to_fill_after_draft to each
+    child, and the base class raises NotImplementedError, which FlashInfer and FA3 keep: a hybrid
+    target on either failed its first graph verify. The adapter calls the children one by one."""
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    calls = []
+
+    class MaskAtReplay(AttentionBackend):  # FlashInfer / FA3: no method of their own
+        pass
+
+    class Linear(AttentionBackend):
+        def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
+            calls.append((spec_info, cuda_graph_bs))
+
+    masked, linear = object.__new__(MaskAtReplay), object.__new__(Linear)
+    hybrid = object.__new__(HybridLinearAttnBackend)
+    hybrid.attn_backend_list = [masked, linear]  # full attention first, as SGLang builds it
+    with pytest.raises(NotImplementedError):
+        hybrid.update_verify_buffers_to_fill_after_draft(spec_info="spec", cuda_graph_bs=4)
+    calls.clear()
+    adapter.refresh_verify_graph_buffers(hybrid, "spec", 4)
+    assert calls == [("spec", 4)]
+    adapter.refresh_verify_graph_buffers(masked, "spec", 8)  # a dense target on FA3
+    adapter.refresh_verify_graph_buffers(linear, "spec", 8)
+    assert calls == [("spec", 4), ("spec", 8)]
+    # Triton's own (no-op) method is SGLang's, not the base class's: it is called
+    triton = object.__new__(TritonAttnBackend)
+    adapter.refresh_verify_graph_buffers(triton, "spec", 2)

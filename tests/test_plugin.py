@@ -320,11 +320,12 @@ def test_valid_defaults(models):
     with _plugin_log_messages() as messages:
         cfg, sa = _resolve(models, backend=None)
     assert messages == [
-        "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a per-request "
-        "mask: one of ('flashinfer', 'fa3', 'triton')).",
+        "DDTREE: no attention backend given; using 'triton' (tree verify needs a per-request "
+        "mask: one of ('flashinfer', 'fa3', 'triton'); 'triton' is the one DDTREE's greedy = AR "
+        "checks ran with on a GPU).",
         # the default width is twice the block: the greedy chain (7 nodes) and 8 more, K = 15 - 7 + 1
         "DDTREE resolved: block_size=8 (horizon 7), budget=15, verify width=16, K per depth=9, "
-        "tree temperature=0.75, simulated acceptance=None, attention=flashinfer.",
+        "tree temperature=0.75, simulated acceptance=None, attention=triton.",
     ]
     assert cfg.speculative_algorithm == "DDTREE"
     assert cfg.speculative_dflash_block_size == 8
@@ -333,9 +334,19 @@ def test_valid_defaults(models):
     assert cfg.speculative_eagle_topk == 9
     assert cfg.disable_overlap_schedule is False  # SGLang's overlap scheduler, as for DFLASH
     assert cfg.enable_mixed_chunk is False
-    assert cfg.attention_backend == "flashinfer"  # declared when none is given
-    assert cfg.speculative_draft_attention_backend is not None  # upstream DFLASH handling ran
+    assert cfg.attention_backend == "triton"  # declared when none is given
+    assert cfg.speculative_draft_attention_backend == "triton"  # declared, not the target's
     assert algorithm.resolve_max_speculative_num_draft_tokens(sa) == 16
+
+
+@pytest.mark.usefixtures("loaded")
+def test_the_drafter_runs_triton_unless_told_otherwise(models):
+    """Upstream hands the drafter the target's backend; FA3 would read DDTREE's tree topk and
+    verify width for the drafter's maskless block pass. An explicit choice is kept."""
+    cfg, _ = _resolve(models, backend="fa3")
+    assert (cfg.attention_backend, cfg.speculative_draft_attention_backend) == ("fa3", "triton")
+    cfg, _ = _resolve(models, "--speculative-draft-attention-backend", "flashinfer", backend="fa3")
+    assert cfg.speculative_draft_attention_backend == "flashinfer"
 
 
 @pytest.mark.usefixtures("loaded")

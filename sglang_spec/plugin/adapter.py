@@ -401,6 +401,8 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.layers.attention.base_attn_backend:AttentionBackend.verify_mask": Member(),
     "sglang.srt.layers.attention.base_attn_backend:AttentionBackend"
     ".update_verify_buffers_to_fill_after_draft": Sig(("self", "spec_info", "cuda_graph_bs")),
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend:HybridLinearAttnBackend"
+    ".attn_backend_list": Member(),
     "sglang.srt.layers.attention.verify_mask:VerifyMask.buffer": Member(),
     "sglang.srt.layers.attention.verify_mask:VerifyMask.mode": Member(),
     "sglang.srt.layers.attention.verify_mask:VerifyMask.fits": Sig(("self", "bs")),
@@ -591,6 +593,25 @@ def apply_target_verify_state(worker: Any, state: TargetVerifyState) -> None:
     mr = worker.target_worker.model_runner
     mr.attn_backend = state.attn_backend
     mr.decode_cuda_graph_runner = state.graph_runner
+
+
+def refresh_verify_graph_buffers(attn_backend: Any, spec_info: Any, cuda_graph_bs: int) -> None:
+    """``update_verify_buffers_to_fill_after_draft`` on every target attention backend that
+    implements it: the GDN backend's retrieve_* and tree-path graph buffers, the mask-dependent
+    metadata of backends that keep some. The hybrid backend forwards the call to each child, and
+    the base class raises NotImplementedError, which FlashInfer and FA3 keep (they read the tree
+    mask at replay), so a hybrid target on either would fail its first graph verify; its children
+    are called one by one here, and a backend without its own method is skipped."""
+    base = _resolve("sglang.srt.layers.attention.base_attn_backend:AttentionBackend")
+    children = getattr(attn_backend, "attn_backend_list", None)
+    if children is not None:
+        for child in children:
+            refresh_verify_graph_buffers(child, spec_info, cuda_graph_bs)
+    elif (
+        type(attn_backend).update_verify_buffers_to_fill_after_draft
+        is not base.update_verify_buffers_to_fill_after_draft
+    ):
+        attn_backend.update_verify_buffers_to_fill_after_draft(spec_info, cuda_graph_bs)
 
 
 def decode_cuda_graph_bs() -> list[int] | None:

@@ -84,6 +84,9 @@ MAX_VERIFY_WIDTH = 1024
 # (EagleVerifyInput.custom_mask): the list SGLang uses for topk > 1 trees
 # (arg_groups/speculative_hook.py:1271).
 TREE_MASK_BACKENDS = ("flashinfer", "fa3", "triton")
+# The target and drafter attention backend declared when none is given: the one every GPU run of
+# DDTREE used (the GPU kit has no FlashInfer or FA3 kernels); the others are unverified.
+VERIFIED_BACKEND = "triton"
 
 
 class DDTreeConfigError(ValueError):
@@ -649,12 +652,14 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
     view = resolved_view(record)
     prefill_backend, decode_backend = attention_backends_of(view)
     if decode_backend is None:
-        decode_backend = "flashinfer"
-        declare_resolution(record, src, attention_backend="flashinfer")
+        decode_backend = VERIFIED_BACKEND
+        declare_resolution(record, src, attention_backend=VERIFIED_BACKEND)
         logger.warning(
-            "DDTREE: no attention backend given; using 'flashinfer' (tree verify needs a "
-            "per-request mask: one of %s).",
+            "DDTREE: no attention backend given; using %r (tree verify needs a per-request mask: "
+            "one of %s; %r is the one DDTREE's greedy = AR checks ran with on a GPU).",
+            VERIFIED_BACKEND,
             TREE_MASK_BACKENDS,
+            VERIFIED_BACKEND,
         )
     check_attention_backends(decode_backend, prefill_backend)
     check_page_size(view.page_size)
@@ -666,6 +671,11 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         linear_verify_backend(view),
     )
 
+    # The drafter takes the target's backend when none is given (speculative_hook.py:930). FA3
+    # reads SGLang's tree topk (> 1 for DDTREE) and the verify width for every TARGET_VERIFY,
+    # which the drafter's block pass (no mask, block-wide) is not; Triton is what it ran with.
+    if cfg.speculative_draft_attention_backend is None:
+        declare_resolution(record, src, speculative_draft_attention_backend=VERIFIED_BACKEND)
     # DFLASH's own handling on a chain-shaped view: _handle_dflash raises when
     # num_draft_tokens != dflash_block_size, so give it the block for both, then declare the
     # DDTREE values after it.

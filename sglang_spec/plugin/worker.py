@@ -440,10 +440,12 @@ class DDTreeWorker(DFlashWorkerV2):
             verify_input, self.model_runner.req_to_token_pool, batch, self.target_worker
         )
         if can_graph:
-            # Copies retrieve_* into the hybrid backend's graph buffers (EagleVerifyInput only)
-            # and recomputes mask-dependent metadata.
-            self.model_runner.attn_backend.update_verify_buffers_to_fill_after_draft(
-                verify_input, self.model_runner.decode_cuda_graph_runner.bs
+            # Copies retrieve_* (and patch 0002's tree paths) into the GDN backend's graph
+            # buffers and recomputes mask-dependent metadata, on the backends that keep any.
+            adapter.refresh_verify_graph_buffers(
+                self.model_runner.attn_backend,
+                verify_input,
+                self.model_runner.decode_cuda_graph_runner.bs,
             )
         grammar_tree = (
             GrammarTree.from_device(
