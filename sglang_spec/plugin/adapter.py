@@ -602,16 +602,23 @@ def refresh_verify_graph_buffers(attn_backend: Any, spec_info: Any, cuda_graph_b
     the base class raises NotImplementedError, which FlashInfer and FA3 keep (they read the tree
     mask at replay), so a hybrid target on either would fail its first graph verify; its children
     are called one by one here, and a backend without its own method is skipped."""
-    base = _resolve("sglang.srt.layers.attention.base_attn_backend:AttentionBackend")
     children = getattr(attn_backend, "attn_backend_list", None)
     if children is not None:
         for child in children:
             refresh_verify_graph_buffers(child, spec_info, cuda_graph_bs)
-    elif (
-        type(attn_backend).update_verify_buffers_to_fill_after_draft
-        is not base.update_verify_buffers_to_fill_after_draft
-    ):
+    elif _keeps_verify_buffers(type(attn_backend)):
         attn_backend.update_verify_buffers_to_fill_after_draft(spec_info, cuda_graph_bs)
+
+
+@functools.cache
+def _keeps_verify_buffers(cls: type) -> bool:
+    """Whether ``cls`` has its own ``update_verify_buffers_to_fill_after_draft`` (decided once per
+    class, not in every decode step)."""
+    base = _resolve("sglang.srt.layers.attention.base_attn_backend:AttentionBackend")
+    return (
+        cls.update_verify_buffers_to_fill_after_draft
+        is not base.update_verify_buffers_to_fill_after_draft
+    )
 
 
 def decode_cuda_graph_bs() -> list[int] | None:

@@ -228,7 +228,8 @@ class BudgetController:
         return batch_size * self.tau[budget] * 1000.0 / ms
 
     def choose(self, batch_size: int) -> int:
-        """The budget of the next decode step of ``batch_size`` requests (counts the step)."""
+        """The budget of the next decode step of ``batch_size`` requests (once the bucket has
+        chosen, counts the step toward its next probe)."""
         bucket = self.bucket_of(batch_size)
         candidates = self.policy.cost_ms[bucket]
         unsure = [b for b in candidates if self.evidence.get(b, 0) < self.policy.warmup_steps]
