@@ -222,14 +222,14 @@ def test_accept_index_fits_the_verify_width_below_the_horizon():
     (the 0.5.22 H200 run crashed there with spec_steps = L)."""
     from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
 
-    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, star_parents
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, placeholder_paths
 
     for width, depth in ((5, 5), (16, 16), (17, 16), (65, 16)):
         cfg = DDTreeConfig(
             block_size=16, verify_width=width, topk_per_depth=4, tree_temperature=1.0
         )
         vi = DDTreeVerifyInput.create(
-            cfg, width=width, custom_mask=None, parents=star_parents(2, width, "cpu")
+            cfg, width=width, custom_mask=None, paths=placeholder_paths(cfg, 2, width, "cpu")
         )
         assert vi.max_tree_depth == depth
         # patch 0002's per-bs graph buffer is spec_steps + 1 wide: the path table must match
@@ -1280,11 +1280,14 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
     _FakeEvent.synchronized, _FakeEvent.done_ms = 0, float("inf")  # each step ends before the next
     worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
     assert path.read_text() == ""  # written once finished, checked when the next step begins
+    _FakeEvent.gpu_ms += 7.0  # the scheduler's GPU work between the two decode steps
     worker.forward_batch_generation(_decode_batch(spec_info, bs=3))
     assert len(path.read_text().splitlines()) == 1 and _FakeEvent.synchronized == 0
     timer.flush()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["bs"], r["width"]) for r in records] == [(2, 5), (3, 5)]
+    assert records[0]["gpu_between_ms"] is None  # nothing timed before the first step
+    assert records[1]["gpu_between_ms"] == pytest.approx(7.0)
     for r in records:
         assert list(r["host_ms"]) == list(r["gpu_ms"]) == list(STAGES)
         for i, name in enumerate(STAGES):
@@ -1321,6 +1324,55 @@ def test_stage_times_never_wait_for_a_running_step(tmp_path):
     assert _FakeEvent.synchronized == 0
     timer.flush()
     assert [json.loads(x)["bs"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+@pytest.mark.usefixtures("loaded")
+def test_dflash_decode_steps_are_timed_as_one_stage(tmp_path, monkeypatch):
+    """SGLANG_DDTREE_STAGE_TIMES on a DFLASH server: each decode step of upstream's worker is one
+    ``step`` line (GPU time and the gap before it), for comparison with DDTREE's stages in one
+    run; prefill, idle batches and DDTREE's own worker (a subclass) pass through untimed."""
+    import sglang.srt.runtime_context as runtime_context
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin import stage_times
+    from sglang_spec.plugin.worker import DDTreeWorker
+
+    calls = []
+
+    def upstream(_self, batch, *_args):
+        calls.append(len(batch.seq_lens))
+        _FakeEvent.gpu_ms += 3.0
+        return f"result {len(batch.seq_lens)}"
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", upstream)
+    monkeypatch.setattr(stage_times, "_cuda_event", _FakeEvent)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
+    _FakeEvent.synchronized, _FakeEvent.done_ms = 0, float("inf")
+    path = tmp_path / "dflash.jsonl"
+    stage_times.time_dflash_steps(str(path))
+    stage_times.time_dflash_steps(str(path))  # idempotent: wrapped once
+    worker = object.__new__(DFlashWorkerV2)
+    worker.block_size = 16
+    assert worker.forward_batch_generation(_decode_batch(None, bs=2)) == "result 2"
+    _FakeEvent.gpu_ms += 5.0
+    extend = _decode_batch(None, bs=9)
+    extend.forward_mode = SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False)
+    idle = _decode_batch(None, bs=8)
+    idle.forward_mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: True)
+    ddtree = object.__new__(DDTreeWorker)
+    for who, batch in ((worker, extend), (worker, idle), (ddtree, _decode_batch(None, bs=7))):
+        DFlashWorkerV2.forward_batch_generation(who, batch)
+    assert worker.forward_batch_generation(_decode_batch(None, bs=4)) == "result 4"
+    assert calls == [2, 9, 8, 7, 4]
+    worker.forward_batch_generation(_decode_batch(None, bs=1))  # writes the finished steps
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["bs"], r["width"], list(r["gpu_ms"])) for r in records] == [
+        (2, 16, ["step"]),
+        (4, 16, ["step"]),
+    ]
+    assert [r["gpu_ms"]["step"] for r in records] == [pytest.approx(3.0)] * 2
+    # between them: 5 ms, then the three untimed calls (3 ms each)
+    assert records[1]["gpu_between_ms"] == pytest.approx(14.0)
 
 
 def test_stage_times_env(tmp_path):

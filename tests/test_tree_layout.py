@@ -412,3 +412,21 @@ def test_sglang_reconstruct_from_our_mask(sglang_runs):
         assert torch.equal(out["retrieve_next_sibling"], abi.retrieve_next_sibling)
         n += 1
     assert n >= 6
+
+
+@given(seed=st.integers(0, 10_000), bs=st.integers(1, 3), B=st.integers(1, 12), L=st.integers(1, 6))
+@SETTINGS
+def test_path_table_matches_the_gdn_path_oracle(seed, bs, B, L):
+    """``paths`` (``path_width``) equals sglang_spec.gdn.tree_paths, which hops parents instead of
+    reading the ancestor mask, on random trees with padding, at widths below, at and above the
+    deepest path (a node deeper than the table gets an all -1 row)."""
+    from sglang_spec.gdn import tree_paths
+
+    _, tree, seq_lens = random_case(seed, bs, B, L, 20)
+    for width in (1, 2, L + 1, L + 3):
+        abi = sglang_tree_abi(tree, seq_lens, path_width=width)
+        assert abi.paths.dtype == torch.int32 and abi.paths.shape == (bs, B + 1, width)
+        assert torch.equal(abi.paths, tree_paths(tree.parents, width=width).int()), width
+    assert sglang_tree_abi(tree, seq_lens).paths is None
+    with pytest.raises(ValueError, match="path_width must be >= 1"):
+        sglang_tree_abi(tree, seq_lens, path_width=0)

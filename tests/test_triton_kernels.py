@@ -80,6 +80,14 @@ def check_kernels_match_torch(device: str) -> None:
                 "tree_mask",
             ]:
                 assert torch.equal(getattr(c, f), getattr(g, f).cpu()), (mode, f)
+            # the root-first path table (the GDN tree verify's), narrower than the deepest path
+            # (rows of deeper nodes all -1), exact and wider
+            for width in (2, L + 1, L + 3):
+                c = layout.sglang_tree_abi(ref, seq, mode, path_width=width)
+                g = tk.tree_layout(tree, on(seq), TreeMaskMode(mode), int(seq.sum()), None, width)
+                assert g.paths.dtype == torch.int32, (mode, width)
+                assert torch.equal(c.paths, g.paths.cpu()), (mode, width, c.paths, g.paths)
+            assert g.paths is not None and c.tree_mask.numel() > 0
             # into a larger (uint8 for the bool modes, as SGLang's Triton backend keeps it)
             # buffer, no host-side sum: the leading entries are the mask, the rest untouched
             n_mask = c.tree_mask.numel()

@@ -30,15 +30,16 @@ def get_spec_info_around(original, self, num_tokens, *args, **kwargs):
     mr = self.model_runner
     if not is_ddtree(mr.spec_algorithm) or mr.is_draft_worker:
         return original(self, num_tokens, *args, **kwargs)
-    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, star_parents
+    from sglang_spec.plugin.verify_input import DDTreeVerifyInput, placeholder_paths
 
     width = self.captured_req_width
     mask = self.buffers.custom_mask
+    config = runtime_config()
     return DDTreeVerifyInput.create(
-        runtime_config(),
+        config,
         width=width,
         custom_mask=mask,
-        parents=star_parents(num_tokens // width, width, mask.device),
+        paths=placeholder_paths(config, num_tokens // width, width, mask.device),
     )
 
 

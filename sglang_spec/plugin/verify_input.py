@@ -9,10 +9,11 @@ replay). Importing this module imports SGLang.
 Both also carry, when the server runs the GDN tree ReplaySSM (``--enable-linear-replayssm-spec``),
 ``retrieve_tree_paths`` (``[bs, N, D + 1]`` int32 with ``D = min(L, budget)`` =
 ``spec_steps``, the width of the backend's per-bs graph buffer; node ``i``'s root-first path of
-node indices, ``-1`` padded: ``sglang_spec.gdn.tree_paths`` with ``width = D + 1``, built on the
-device without a host read), which the GDN tree ReplaySSM verify of patch 0002 reads
-(docs/gdn-tree-caching.md §4, row 5). The capture placeholder's table is a valid tree of the
-graph's shape (every node a child of the root), since the graph buffers are filled at replay.
+node indices, ``-1`` padded), which the GDN tree ReplaySSM verify of patch 0002 reads
+(docs/gdn-tree-caching.md §4, row 5). A step's table comes from the tree layout (the ABI's
+``paths``, written by its one kernel on CUDA); the capture placeholder's is a valid tree of the
+graph's shape (every node a child of the root: :func:`placeholder_paths`), since the graph buffers
+are filled at replay.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ class DDTreeVerifyInput(EagleVerifyInput):
         width: int,
         custom_mask: torch.Tensor | None,
         abi: TreeABI | None = None,
-        parents: torch.Tensor | None = None,
+        paths: torch.Tensor | None = None,
         seq_lens_sum: int | None = None,
         seq_lens_cpu: torch.Tensor | None = None,
     ) -> DDTreeVerifyInput:
-        """The verify input of a tree (``abi`` and its ``parents [bs, N]``), or without ``abi`` the
-        placeholder a target CUDA graph captures (``custom_mask`` = the graph's mask buffer;
-        ``parents`` then only sets the placeholder path table, see the module docstring).
-        ``width`` is the tokens per request of the verify pass."""
+        """The verify input of a tree (``abi``), or without ``abi`` the placeholder a target CUDA
+        graph captures (``custom_mask`` = the graph's mask buffer). ``paths`` is the
+        ``retrieve_tree_paths`` table, if any (see the module docstring). ``width`` is the tokens
+        per request of the verify pass."""
         return cls(
             draft_token=None if abi is None else abi.draft_tokens,
             custom_mask=custom_mask,
@@ -77,19 +78,18 @@ class DDTreeVerifyInput(EagleVerifyInput):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             seq_lens_sum=seq_lens_sum,
             seq_lens_cpu=seq_lens_cpu,
-            retrieve_tree_paths=(
-                None
-                if parents is None
-                else tree_paths(parents, width=config.max_depth + 1).to(torch.int32)
-            ),
+            retrieve_tree_paths=paths,
         )
 
 
-def star_parents(bs: int, width: int, device: torch.device | str) -> torch.Tensor:
-    """``[bs, width]`` parents of the tree whose nodes are all children of the root."""
+def placeholder_paths(
+    config: DDTreeConfig, bs: int, width: int, device: torch.device | str
+) -> torch.Tensor:
+    """The ``retrieve_tree_paths`` a target graph of ``bs`` requests captures with: the table of
+    the tree whose nodes are all children of the root."""
     parents = torch.zeros((bs, width), dtype=torch.int64, device=device)
     parents[:, 0] = -1
-    return parents
+    return tree_paths(parents, width=config.max_depth + 1).to(torch.int32)
 
 
 def verify_input_from_tree(
@@ -112,13 +112,20 @@ def verify_input_from_tree(
     tree ReplaySSM verify reads.
     """
     mode = TreeMaskMode.FULL_MASK if mask_mode is None else TreeMaskMode(int(mask_mode))
-    abi = sglang_tree_abi(tree, seq_lens, mode=mode, seq_lens_sum=seq_lens_sum, out=mask_buffer)
+    abi = sglang_tree_abi(
+        tree,
+        seq_lens,
+        mode=mode,
+        seq_lens_sum=seq_lens_sum,
+        out=mask_buffer,
+        path_width=config.max_depth + 1 if with_paths else None,
+    )
     return DDTreeVerifyInput.create(
         config,
         width=int(tree.tokens.shape[1]),
         custom_mask=abi.tree_mask,
         abi=abi,
-        parents=tree.parents if with_paths else None,
+        paths=abi.paths,
         seq_lens_sum=seq_lens_sum,
         seq_lens_cpu=seq_lens_cpu,
     )

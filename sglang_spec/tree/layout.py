@@ -51,6 +51,16 @@ def _child_links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(first == N, -1, first), torch.where(nxt == N, -1, nxt)
 
 
+def _root_paths(mask: torch.Tensor, depths: torch.Tensor, width: int) -> torch.Tensor:
+    """``[bs, N, width]`` int32: column ``t`` of row ``i`` is the ancestor-or-self of node ``i`` at
+    depth ``t`` (``mask`` from :func:`ancestor_mask`), -1 beyond node ``i``'s depth; rows of
+    padding slots and of nodes deeper than ``width - 1`` are all -1."""
+    t = torch.arange(width, device=mask.device)
+    hit = mask.unsqueeze(2) & (depths.unsqueeze(1).unsqueeze(2) == t.view(1, 1, width, 1))
+    row_ok = ((depths >= 0) & (depths < width)).unsqueeze(-1)
+    return torch.where(hit.any(-1) & row_ok, hit.int().argmax(-1), -1).to(torch.int32)
+
+
 def _pack_rows(mask: torch.Tensor) -> torch.Tensor:
     bs, N, _ = mask.shape
     weights = torch.ones(N, dtype=torch.int64, device=mask.device) << torch.arange(
@@ -65,6 +75,7 @@ def sglang_tree_abi(
     mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK,
     seq_lens_sum: int | None = None,
     out: torch.Tensor | None = None,
+    path_width: int | None = None,
 ) -> TreeABI:
     """SGLang 0.5.23 EAGLE tree-verify inputs for ``tree`` (see :class:`TreeABI`).
 
@@ -77,6 +88,9 @@ def sglang_tree_abi(
     ``seq_lens_sum`` is needed, which is what lets SGLang's overlap scheduler skip the host copy of
     the lengths. The caller guarantees it is large enough (``VerifyMask.fits``: sized for
     ``max_context_len``); the CPU path checks it.
+
+    ``path_width`` adds ``paths`` (``[bs, N, path_width]`` int32 root-first node paths, the GDN tree
+    verify's table), written by the same kernel on CUDA.
     """
     try:
         mode = TreeMaskMode(int(mode))
@@ -98,12 +112,14 @@ def sglang_tree_abi(
             f"out must be a flat buffer of {' or '.join(map(str, dtypes))} for {mode.name}; "
             f"got {out.dtype} of shape {tuple(out.shape)}"
         )
+    if path_width is not None and path_width < 1:
+        raise ValueError(f"path_width must be >= 1 (the deepest path's length); got {path_width}")
     if mode == TreeMaskMode.FULL_MASK and seq_lens_sum is None and out is None:
         seq_lens_sum = int(seq_lens.sum())
     if tree.tokens.is_cuda:
         from .triton_kernels import tree_layout
 
-        return tree_layout(tree, seq_lens.long(), mode, seq_lens_sum, out)
+        return tree_layout(tree, seq_lens.long(), mode, seq_lens_sum, out, path_width)
     seq_lens = seq_lens.long()
     dev = tree.tokens.device
     first, nxt = _child_links(tree.parents)
@@ -139,4 +155,5 @@ def sglang_tree_abi(
         retrieve_next_sibling=nxt,
         tree_mask=flat_mask,
         mode=mode,
+        paths=None if path_width is None else _root_paths(mask, tree.depths, path_width),
     )

@@ -151,12 +151,15 @@ def _layout_kernel(
     next_token_ptr,
     next_sibling_ptr,
     retrieve_index_ptr,
+    paths_ptr,
     N: tl.constexpr,
     HOPS: tl.constexpr,
     MODE: tl.constexpr,
     BI: tl.constexpr,
     NB: tl.constexpr,
     BSB: tl.constexpr,
+    PW: tl.constexpr,  # path table width (0: no table)
+    PWB: tl.constexpr,
 ):
     b = tl.program_id(0)
     rows = tl.program_id(1) * BI + tl.arange(0, BI)
@@ -181,12 +184,24 @@ def _layout_kernel(
     tl.store(next_sibling_ptr + out, tl.where(nxt == big, -1, nxt), mask=row_ok)
     tl.store(retrieve_index_ptr + out, out, mask=row_ok)
     tl.store(positions_ptr + out, seq_len + tl.maximum(depth, 0), mask=row_ok)
-    # Ancestor-or-self mask by parent hops (depth <= HOPS).
+    # Ancestor-or-self mask by parent hops (depth <= HOPS); the path table puts the h-th
+    # ancestor at column depth - h.
     anc = cols[None, :] == rows[:, None]
+    slots = tl.arange(0, PWB)
+    up = depth[:, None] - slots[None, :]  # hops from the node to path column t
+    path = tl.where(up == 0, rows[:, None].to(tl.int64), -1)
     cur = par_rows
-    for _ in range(HOPS):
+    for h in range(HOPS):
         anc = anc | ((cols[None, :] == cur[:, None]) & (cur[:, None] >= 0))
+        path = tl.where((up == h + 1) & (cur[:, None] >= 0), cur[:, None], path)
         cur = tl.load(parents_ptr + b * N + tl.maximum(cur, 0), mask=row_ok & (cur >= 0), other=-1)
+    if PW > 0:  # padding slots (depth -1) and nodes deeper than PW - 1 get an all -1 row
+        path = tl.where(((depth >= 0) & (depth < PW))[:, None], path, -1)
+        tl.store(
+            paths_ptr + out[:, None] * PW + slots[None, :],
+            path.to(tl.int32),
+            mask=row_ok[:, None] & (slots[None, :] < PW),
+        )
     if MODE == 2:  # QLEN_ONLY_BITPACKING: bit j of row i
         bits = tl.sum(tl.where(anc & col_ok[None, :], 1 << cols[None, :].to(tl.int64), 0), axis=1)
         tl.store(mask_ptr + out, bits.to(mask_ptr.dtype.element_ty), mask=row_ok)
@@ -218,8 +233,10 @@ def tree_layout(
     mode: TreeMaskMode,
     seq_lens_sum: int | None,
     out: torch.Tensor | None = None,
+    path_width: int | None = None,
 ) -> TreeABI:
-    """Triton twin of the CPU path of ``layout.sglang_tree_abi`` (``out``: the mask's buffer)."""
+    """Triton twin of the CPU path of ``layout.sglang_tree_abi`` (``out``: the mask's buffer,
+    ``path_width``: also the root-first path table)."""
     bs, N = tree.tokens.shape
     dev = tree.tokens.device
     positions = torch.empty(bs, N, dtype=torch.long, device=dev)
@@ -235,6 +252,11 @@ def tree_layout(
     else:
         mask = torch.empty(bs * N, dtype=bitpack_dtype(N), device=dev)
     store_view = mask.view(torch.int8) if mask.dtype in (torch.bool, torch.uint8) else mask
+    paths = (
+        None
+        if path_width is None
+        else torch.empty(bs, N, path_width, dtype=torch.int32, device=dev)
+    )
     BI = 16 if N > 64 else 32
     _layout_kernel[(bs, triton.cdiv(N, BI))](
         tree.parents,
@@ -245,15 +267,25 @@ def tree_layout(
         first,
         nxt,
         retrieve_index,
+        positions if paths is None else paths,  # unread without a table
         N=N,
         HOPS=tree.horizon,
         MODE=int(mode),
         BI=BI,
         NB=triton.next_power_of_2(N),
         BSB=triton.next_power_of_2(bs),
+        PW=path_width or 0,
+        PWB=triton.next_power_of_2(path_width or 1),
     )
     return TreeABI(
-        tree.tokens.reshape(-1), positions.reshape(-1), retrieve_index, first, nxt, mask, mode
+        tree.tokens.reshape(-1),
+        positions.reshape(-1),
+        retrieve_index,
+        first,
+        nxt,
+        mask,
+        mode,
+        paths,
     )
 
 

@@ -73,3 +73,6 @@ class TreeABI:
     retrieve_next_sibling: torch.Tensor  # [bs, N] int64: next higher-index sibling or -1
     tree_mask: torch.Tensor  # flat, layout given by mode
     mode: TreeMaskMode
+    # [bs, N, W] int32 root-first node paths (-1 padded; rows of padding slots and of nodes deeper
+    # than W - 1 all -1), when asked for (``path_width=W``): the GDN tree verify's table
+    paths: torch.Tensor | None = None
