@@ -195,3 +195,43 @@ def test_verify_rows_hold_the_state_then_the_inputs_and_a_narrower_width_fits():
         got = row[:, W - 1 : W - 1 + s["n"]]
         assert torch.equal(got, s["mixed"][:, b * s["n"] : (b + 1) * s["n"]])
         assert row[:, W - 1 + s["n"] :].isnan().all()
+
+
+def check_triton_save_equals_torch(device: str = "cpu") -> None:
+    """The Triton save (one launch per layer) writes what the torch save writes, bit for bit: a
+    conv state laid out as SGLang's (channels contiguous), a padding request (slot -1: reads the
+    dummy slot 0), conv inputs that are a strided view cast to the conv dtype, channels spanning
+    several blocks and a verify narrower than the buffer (entries beyond it untouched)."""
+    from sglang_spec.gdn.triton_tree_conv import BLOCK_C, save_conv_inputs_triton
+
+    g = torch.Generator().manual_seed(0)
+    channels, bs, n, state_len = BLOCK_C + 300, 3, 5, W - 1
+    for conv_dtype, act_dtype in ((torch.float32, torch.float32), (torch.float32, torch.bfloat16)):
+        states = torch.randn(SLOTS, state_len, channels, generator=g).to(conv_dtype)
+        states = states.transpose(1, 2)  # [slots, C, W - 1] with stride(-2) == 1, as SGLang's
+        wide = torch.randn(bs * n, channels + 7, generator=g).to(act_dtype)
+        mixed = wide[:, 3 : 3 + channels]  # a strided view, as a split of a projection
+        slots = torch.tensor([4, -1, 2])
+        rows = torch.tensor([2, 0, 4])
+        want = torch.full((6, state_len + n + 2, channels), float("nan"), dtype=conv_dtype)
+        got = want.clone().to(device)
+        save_conv_inputs(want, states, slots, rows, mixed)
+        save_conv_inputs_triton(
+            got, states.to(device), slots.to(device), rows.to(device), mixed.to(device)
+        )
+        got = got.cpu()
+        assert torch.equal(got.isnan(), want.isnan()), (conv_dtype, act_dtype)
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (conv_dtype, act_dtype)
+        assert torch.equal(want[0, :state_len], states[0].T)  # the padding request's row: slot 0
+        assert got[:, state_len + n :].isnan().all()
+
+
+def test_triton_save_equals_torch_under_interpreter():
+    from tree_testing import run_under_triton_interpreter
+
+    run_under_triton_interpreter("test_gdn_tree_conv", "check_triton_save_equals_torch", "SAVE_OK")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
+def test_triton_save_equals_torch_on_cuda():
+    check_triton_save_equals_torch("cuda")

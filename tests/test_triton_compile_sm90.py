@@ -88,3 +88,25 @@ def test_row_sampler_kernel_compiles_for_sm90(dtype, candidates):
     types |= dict(kept_ptr="*i32", stride_v="i32", V="i32")
     asm = compile_sm90(ts._row_sample_kernel, consts, types=types)
     assert asm["cubin"]
+
+
+@pytest.mark.parametrize("conv_dtype", ["*bf16", "*fp32"])
+def test_save_conv_inputs_kernel_compiles_for_sm90(conv_dtype):
+    from sglang_spec.gdn import triton_tree_conv as ttc
+
+    types = dict(inputs_ptr=conv_dtype, states_ptr=conv_dtype, x_ptr="*bf16")
+    types |= dict(slots_ptr="*i32", rows_ptr="*i64", C="i32", N="i32")
+    consts = dict(STATE_LEN=3, BLOCK=ttc.BLOCK_C)
+    assert compile_sm90(ttc._save_conv_inputs_kernel, consts, types=types)["cubin"]
+
+
+@pytest.mark.parametrize("width,mode", [(16, 0), (64, 0), (16, 2), (64, 1)])
+def test_layout_kernel_with_paths_compiles_for_sm90(width, mode):
+    from sglang_spec.tree import triton_kernels as tk
+
+    i64 = ("parents_ptr", "depths_ptr", "seq_lens_ptr", "positions_ptr", "next_token_ptr")
+    types = {p: "*i64" for p in (*i64, "next_sibling_ptr", "retrieve_index_ptr")}
+    types |= dict(mask_ptr="*i8" if mode < 2 else "*u16", paths_ptr="*i32")
+    nb = triton.next_power_of_2(width)
+    consts = dict(N=width, HOPS=15, MODE=mode, BI=32, NB=nb, BSB=32, PW=16, PWB=16)
+    assert compile_sm90(tk._layout_kernel, consts, types=types)["cubin"]

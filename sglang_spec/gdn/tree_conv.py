@@ -9,12 +9,14 @@ conv state before the verify, then the inputs along the node's root-first path",
 0.067 GB) is enough to rebuild it (docs/gdn-tree-caching.md §7):
 
 * :func:`save_conv_inputs` -- in the verify (patch 0002), before SGLang's conv kernel shifts the
-  conv state in place: a request row ``[pre-verify state columns | node inputs]``;
+  conv state in place: a request row ``[pre-verify state columns | node inputs]`` (one Triton
+  launch per layer on CUDA);
 * :func:`commit_conv_states` -- in the commit (patch 0003): the new conv state of every request
   (and the extra_buffer track snapshot) gathered from those rows along the accepted path, all
   layers in one go.
 
-Both are graph-safe torch (no host sync): indexing, ``gather``-style advanced indexing, ``where``.
+Both are graph-safe (no host sync): indexing, ``gather``-style advanced indexing, ``where``, and
+the save's Triton kernel.
 Rows, slots and node numbering are SGLang's: request ``b`` of the batch uses row ``rows[b]``
 (``intermediate_state_indices[b]``, the row its ReplaySSM ring uses); ``accept_index[b, t]`` is
 ``b * N + node`` of the t-th accepted node, root first; pool slot 0 is SGLang's dummy slot
@@ -52,13 +54,19 @@ def save_conv_inputs(
 
     ``inputs [R, W - 1 + N_max, C]`` and ``conv_states [slots, C, W - 1]`` in the conv dtype (the
     latter read before the conv kernel updates it), ``cache_indices``, ``rows [bs]``,
-    ``mixed_qkv [bs * N, C]`` the conv's input, node ``i`` of request ``b`` at ``b * N + i``. A padding request (``cache_indices < 0``) reads some
-    slot and writes its own row, which its commit never reads.
+    ``mixed_qkv [bs * N, C]`` the conv's input, node ``i`` of request ``b`` at ``b * N + i``. A
+    padding request (``cache_indices < 0``) reads SGLang's dummy slot 0 and writes its own row,
+    which its commit never reads. On CUDA one Triton launch (:mod:`.triton_tree_conv`).
     """
+    if inputs.is_cuda:
+        from .triton_tree_conv import save_conv_inputs_triton
+
+        save_conv_inputs_triton(inputs, conv_states, cache_indices, rows, mixed_qkv)
+        return
     bs = rows.shape[0]
     state_len = conv_states.shape[-1]
     width = mixed_qkv.shape[0] // bs
-    inputs[rows, :state_len] = conv_states[cache_indices].transpose(1, 2)
+    inputs[rows, :state_len] = conv_states[cache_indices.clamp(min=0)].transpose(1, 2)
     # the conv dtype (SGLANG_MAMBA_CONV_DTYPE) may differ from the activations'
     inputs[rows, state_len : state_len + width] = mixed_qkv.view(bs, width, -1).to(inputs.dtype)
 
