@@ -26,7 +26,8 @@ benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-sched
 states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
 NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: its capacity without per-draft-
 token GDN states; SGLang 0.5.23 refuses the flag for DFLASH on GDN models, "requires a KDA model"), ``stages``
-(DDTREE: ``SGLANG_DDTREE_STAGE_TIMES`` per-stage step times, summarised per batch size),
+(``SGLANG_DDTREE_STAGE_TIMES``: DDTREE's per-stage step times, DFLASH's whole step as one stage,
+both with the GPU time between steps; summarised per batch size),
 ``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
 at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
 trace starts at the first decode batch of at least the smallest of these C, so each C's prompts
@@ -166,8 +167,8 @@ def parse_spec(text: str) -> ServerSpec:
             f"server {text!r}: replayssm applies to nextn on hybrid shapes (SGLang 0.5.23 allows "
             "it for DFLASH on KDA models only; hybrid ddtree has it by default, no-replayssm)"
         )
-    if "stages" in flags and spec.algorithm != "DDTREE":
-        raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree only")
+    if "stages" in flags and spec.algorithm not in ("DDTREE", "DFLASH"):
+        raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree and dflash")
     return spec
 
 
@@ -574,6 +575,8 @@ def stage_medians(steps: list[dict]) -> dict:
     out = {}
     for bs, rows in sorted(by_bs.items()):
         entry = {"steps": len(rows), "width": rows[0].get("width")}
+        between = [r["gpu_between_ms"] for r in rows if r.get("gpu_between_ms") is not None]
+        entry["gpu_between_ms"] = statistics.median(between) if between else None
         for kind in ("host_ms", "gpu_ms"):
             stages = list(dict.fromkeys(k for r in rows for k in r.get(kind, {})))
             entry[kind] = {

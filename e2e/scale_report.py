@@ -107,8 +107,8 @@ def stage_tables(folder: Path) -> str:
         out += [
             f"### Stages of {data['server_slug']} (median ms per decode step, host / GPU)",
             "",
-            "| bs | steps | " + " | ".join(stages) + " | sum of medians |",
-            "|---" * (len(stages) + 3) + "|",
+            "| bs | steps | " + " | ".join(stages) + " | sum of medians | GPU between steps |",
+            "|---" * (len(stages) + 4) + "|",
         ]
         for bs, e in sorted(by_bs.items(), key=lambda kv: int(kv[0])):
             cells = [
@@ -116,7 +116,9 @@ def stage_tables(folder: Path) -> str:
                 for st in stages
             ]
             total = f"{sum(e['host_ms'].values()):.2f} / {sum(e['gpu_ms'].values()):.2f}"
-            out.append(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {total} |")
+            between = e.get("gpu_between_ms")
+            gap = "-" if between is None else f"{between:.2f}"
+            out.append(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {total} | {gap} |")
         out.append("")
     return "\n".join(out)
 

@@ -158,7 +158,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 for s in range(steps):
                     step = {"draft": 1.0 + s % 2, "verify": 2.0}
                     gpu = {"draft": 0.5, "verify": 10.0 * bs}
-                    f.write(json.dumps({"bs": bs, "width": WIDTH, "host_ms": step, "gpu_ms": gpu}))
+                    gap = None if s == 0 else 0.5 * (s % 3)  # GPU ms since the last step
+                    line = {"bs": bs, "width": WIDTH, "host_ms": step, "gpu_ms": gpu}
+                    f.write(json.dumps({**line, "gpu_between_ms": gap}))
                     f.write("\n")
         min_bs = int(os.environ.get("SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS", 0))
         if PROFILE and len(prompts) >= min_bs:

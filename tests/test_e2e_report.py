@@ -232,6 +232,7 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
                         "width": 16,
                         "host_ms": {"draft": 1.5, "verify": 2.0},
                         "gpu_ms": {"draft": 3.0, "verify": 30.0},
+                        "gpu_between_ms": 1.25,
                     },
                     "1": {
                         "steps": 130,
@@ -260,8 +261,9 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
     md = results.with_suffix(".md").read_text()
     assert "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 19.8 | - | 24.0 |" in md
     assert "max_running_requests is capped to 1" in md and "Mamba Cache is allocated" in md
-    assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 |" in md  # bs sorted numerically
-    assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 |" in md
+    # bs sorted numerically; the GPU time between steps where the summary has it
+    assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 | - |" in md
+    assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 | 1.25 |" in md
     assert "x at C = 8: 22.10 GPU ms per step" in md
     png = results.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -83,7 +83,7 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:ar:acc=3", "acc= applies to speculative servers"),
         ("qwen3.6-27b:dflash:acc=0.5", "acc='0.5' must be a float >= 1"),
         ("qwen3.6-27b:dflash:acc=nan", "acc='nan' must be a float >= 1"),
-        ("qwen3.6-27b:dflash:stages", "stages applies to ddtree only"),
+        ("qwen3.6-27b:nextn:stages", "stages applies to ddtree and dflash"),
         ("qwen3.6-27b:dflash:replayssm", "replayssm applies to nextn on hybrid shapes"),
         ("qwen3.6-27b:ddtree:b=15:replayssm", "replayssm applies to nextn on hybrid shapes"),
         ("qwen3.6-27b:dflash:tp=0", "tp='0' must be a int >= 1"),
@@ -122,6 +122,7 @@ SPECS = [
         "ar",
         "nextn",
         "dflash",
+        "dflash:stages",
         "nextn:replayssm",
         "ddtree:b=15",
         "ddtree:b=15:no-replayssm",
@@ -297,6 +298,8 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     # bs 2: the warmup's 3 steps (every level's batch size is warmed), the level's 4 and the
     # profiled run's 4: 1, 2, 1 | 1, 2, 1, 2 | 1, 2, 1, 2, median 1
     assert stages["by_bs"]["2"]["steps"] == 11 and stages["by_bs"]["2"]["host_ms"]["draft"] == 1.0
+    # GPU ms between steps, the first of each request left out: 0.5, 1 | 0.5, 1, 0 | 0.5, 1, 0
+    assert stages["by_bs"]["2"]["gpu_between_ms"] == 0.5
     prof = json.loads(
         (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2.json").read_text()
     )

@@ -773,6 +773,37 @@ def unsupported_drafter_head(worker: Any) -> str | None:
     return None
 
 
+def wrap_dflash_decode_step(timed: Any) -> None:
+    """Send every upstream DFLASH decode step (``DFlashWorkerV2.forward_batch_generation`` on a
+    decode batch of a plain DFLASH worker; DDTREE's worker overrides the method) through
+    ``timed(worker, batch, call)``, which must return ``call()``. Idempotent; profiling only
+    (``stage_times.time_dflash_steps``)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    original = DFlashWorkerV2.forward_batch_generation
+    if getattr(original, "sglang_spec_timed", False):
+        return
+
+    @functools.wraps(original)
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        def call():
+            return original(self, batch, *args, **kwargs)
+
+        mode = batch.forward_mode
+        if type(self) is not DFlashWorkerV2 or mode.is_extend() or batch.is_extend_in_batch:
+            return call()
+        if mode.is_idle():
+            return call()
+        return timed(self, batch, call)
+
+    forward_batch_generation.sglang_spec_timed = True
+    DFlashWorkerV2.forward_batch_generation = forward_batch_generation
+
+
+def dflash_block_size(worker: Any) -> int:
+    return int(worker.block_size)
+
+
 def draft_block_buffers(worker: Any, bs: int) -> DraftBlockBuffers:
     worker._ensure_draft_block_buffers(bs)
     return DraftBlockBuffers(

@@ -7,9 +7,16 @@ is imported lazily, inside functions.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from sglang_spec.plugin.config import ALGORITHM_NAME, handle_server_args, runtime_config
+from sglang_spec.plugin.config import (
+    ALGORITHM_NAME,
+    ENV_STAGE_TIMES,
+    handle_server_args,
+    parse_stage_times_path,
+    runtime_config,
+)
 
 logger = logging.getLogger("sglang_spec.plugin")
 
@@ -139,6 +146,11 @@ def register() -> None:
         from sglang_spec.plugin.hooks import register_hooks
 
         register_hooks()
+        stage_times = parse_stage_times_path(os.environ.get(ENV_STAGE_TIMES))
+        if stage_times is not None:  # profiling: a DFLASH server times its steps too
+            from sglang_spec.plugin.stage_times import time_dflash_steps
+
+            time_dflash_steps(stage_times)
         _registered = True
         logger.info("sglang_spec: registered speculative algorithm %s.", ALGORITHM_NAME)
     except Exception as e:

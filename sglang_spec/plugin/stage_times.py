@@ -4,11 +4,19 @@ A profiling aid (the per-stage table of benchmarks' scale runs), not a serving f
 
 The worker (tensor-parallel rank 0) then appends one JSON object per decode step::
 
-    {"bs": int, "width": int, "host_ms": {stage: float}, "gpu_ms": {stage: float}}
+    {"bs": int, "width": int, "host_ms": {stage: float}, "gpu_ms": {stage: float},
+     "gpu_between_ms": float | null}
 
 for the stages of :data:`STAGES`, in the order they ran. Host time is ``perf_counter`` around each
 stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
-events recorded on the current stream around each stage. A step is written once its last event
+events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from
+the end of the previous timed step to the start of this one: the scheduler's own work between
+decode steps, a prefill when one ran there, and any time the GPU waited for the host (null for
+the first step).
+
+The same timer times a whole DFLASH decode step as one stage, ``step``
+(:func:`time_dflash_steps`), so that one server run compares the two algorithms' GPU time per
+step and between steps. A step is written once its last event
 has completed, checked without waiting (``Event.query``) when a later decode step begins, so
 timing adds no synchronisation, also under SGLang's overlap scheduler (which launches the next
 step before the previous one has finished); :meth:`StageTimer.flush` waits for and writes what is
@@ -43,17 +51,18 @@ class StageTimer:
         path: str,
         width: int,
         *,
-        new_event: Callable[[], Any] = _cuda_event,
+        new_event: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self._file = open(path, "a", buffering=1)  # line-buffered, open for the worker's life
         self._width = int(width)
-        self._new_event = new_event
+        self._new_event = new_event or _cuda_event
         self._clock = clock
         self._bs: int | None = None
         self._stages: dict[str, tuple[float, Any, Any]] = {}
         # (bs, stages) of the steps begun but not yet written, oldest first
         self._pending: deque[tuple[int, dict[str, tuple[float, Any, Any]]]] = deque()
+        self._last_end: Any = None  # the end event of the last step written
 
     def instrument(self, worker: Any) -> None:
         """Wrap ``worker.<stage>_stage`` for every stage of :data:`STAGES` (instance attributes)."""
@@ -101,10 +110,38 @@ class StageTimer:
                 elif not last_end.query():
                     return  # still running (overlap): later
             self._pending.popleft()
+            if not stages:
+                continue
+            first_start = next(iter(stages.values()))[1]
+            between = None if self._last_end is None else self._last_end.elapsed_time(first_start)
+            self._last_end = next(reversed(stages.values()))[2]
             record = {
                 "bs": bs,
                 "width": self._width,
                 "host_ms": {n: round(host, 4) for n, (host, _, _) in stages.items()},
                 "gpu_ms": {n: round(s.elapsed_time(e), 4) for n, (_, s, e) in stages.items()},
+                "gpu_between_ms": None if between is None else round(between, 4),
             }
             self._file.write(json.dumps(record) + "\n")
+
+
+def time_dflash_steps(path: str) -> None:
+    """Time every DFLASH decode step as one stage, ``step`` (``SGLANG_DDTREE_STAGE_TIMES`` on a
+    DFLASH server; the plug-in's ``register`` calls this): upstream's worker runs its step in one
+    method, so the whole step is the finest split available without copying it."""
+    import sglang_spec.plugin.adapter as adapter
+
+    timers: dict[int, StageTimer] = {}
+
+    def timed_step(worker: Any, batch: Any, call: Callable[[], Any]) -> Any:
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().tp_rank != 0:  # one file line per step, as DDTREE's timer writes
+            return call()
+        timer = timers.get(id(worker))
+        if timer is None:
+            timer = timers[id(worker)] = StageTimer(path, adapter.dflash_block_size(worker))
+        timer.begin_step(len(batch.seq_lens))
+        return timer.wrap("step", call)()
+
+    adapter.wrap_dflash_decode_step(timed_step)
