@@ -316,3 +316,55 @@ def test_refresh_verify_graph_buffers_calls_only_the_backends_that_keep_some():
     # Triton's own (no-op) method is SGLang's, not the base class's: it is called
     triton = object.__new__(TritonAttnBackend)
     adapter.refresh_verify_graph_buffers(triton, "spec", 2)
+
+
+def _kv_pool(upper: int | None):
+    """SGLang's own MHATokenToKVPool (its move_kv_cache and chunking), without buffers."""
+    import sglang.srt.mem_cache.memory_pool as mp
+
+    pool = object.__new__(mp.MHATokenToKVPool)
+    pool.layer_num, pool.size, pool.page_size, pool.device = 16, 10_000, 1, "cpu"
+    pool.use_hnd = pool.use_native_move_kv_cache = False
+    pool.native_k_scale_buffer = pool.data_ptrs = pool.data_strides = None
+    pool._kv_copy_config = (
+        None
+        if upper is None
+        else {"bytes_per_tile": 128, "byte_tiles": 16, "num_warps": 4, "num_locs_upper": upper}
+    )
+    return pool
+
+
+def test_kv_move_launches_are_capped_at_rows_that_do_not_spill(monkeypatch):
+    """The tree compaction moves bs * (L + 1) slots: 512 at bs 32. SGLang's pool copies them in
+    launches of up to 256 rows at the 27B shape's row size, a specialization that spills to a
+    7440-byte stack (tests/test_triton_compile_sm90.py). After cap_kv_move_chunks (through a
+    hybrid pool, as the 27B shape has) every launch is at most KV_MOVE_ROWS, and that
+    specialization was launched once at start-up on slot 0."""
+    import sglang.srt.mem_cache.memory_pool as mp
+
+    launches = []
+
+    def copy(_ptrs, _strides, tgt, src, num_locs, upper, _config):
+        launches.append((num_locs, upper, int(tgt.max()), int(src.max())))
+
+    monkeypatch.setattr(mp, "copy_all_layer_kv_cache_func", copy)
+    pool = _kv_pool(256)
+    slots = torch.arange(512)
+    pool.move_kv_cache(slots, slots)
+    assert [(n, u) for n, u, _, _ in launches] == [(256, 256)] * 2  # SGLang's chunks
+    launches.clear()
+    hybrid = object.__new__(mp.HybridLinearKVPool)
+    hybrid.full_kv_pool = pool
+    assert adapter.cap_kv_move_chunks(hybrid) is True
+    rows = adapter.KV_MOVE_ROWS
+    assert launches == [(rows, rows, 0, 0)]  # the warm-up: slot 0 onto itself
+    launches.clear()
+    pool.move_kv_cache(slots, slots)
+    assert [(n, u) for n, u, _, _ in launches] == [(rows, rows)] * (512 // rows)
+    launches.clear()
+    pool.move_kv_cache(slots[:200], slots[:200])
+    assert [(n, u) for n, u, _, _ in launches] == [(128, 128), (72, 128)]
+    # a pool whose cap is already lower keeps it; one without the tiled copy is left alone
+    low = _kv_pool(64)
+    assert adapter.cap_kv_move_chunks(low) and low._kv_copy_config["num_locs_upper"] == 64
+    assert adapter.cap_kv_move_chunks(_kv_pool(None)) is False

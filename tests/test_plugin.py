@@ -1553,3 +1553,33 @@ def test_sync_check_env_refuses_other_modes():
         match=r"^SGLANG_DDTREE_SYNC_CHECK='on' is not a mode; valid: warn, error \(or unset: off\)\.$",
     ):
         DDTreeConfig.build(block_size=8, verify_width=8, environ={"SGLANG_DDTREE_SYNC_CHECK": "on"})
+
+
+def test_worker_init_resizes_the_draft_block_and_caps_the_kv_move(monkeypatch):
+    """DDTreeWorker.__init__ over upstream's: the draft block back to the drafter's (upstream took
+    the verify width), the verify width as the step's draft tokens, and SGLang's KV move capped
+    at rows that do not spill before any tree compaction runs (adapter.cap_kv_move_chunks)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    kv = object()
+
+    def upstream_init(self, *_args):
+        allocator = SimpleNamespace(get_kvcache=lambda: kv)
+        self.model_runner = SimpleNamespace(token_to_kv_pool_allocator=allocator)
+        self.speculative_num_draft_tokens = 32  # the width leak resize_draft_block undoes
+
+    calls = []
+    cfg = DDTreeConfig(block_size=16, verify_width=32, topk_per_depth=4, tree_temperature=0.75)
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", upstream_init)
+    monkeypatch.setattr(worker_mod, "runtime_config", lambda: cfg)
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=1, tp_group=0))
+    monkeypatch.setattr(adapter, "resize_draft_block", lambda _w, b: calls.append(("block", b)))
+    monkeypatch.setattr(adapter, "cap_kv_move_chunks", lambda pool: calls.append(("cap", pool)))
+    monkeypatch.setattr(adapter, "unsupported_drafter_head", lambda _w: None)
+    w = worker_mod.DDTreeWorker("server_args", 0, 0, "target")
+    assert calls == [("block", 16), ("cap", kv)]
+    assert w.config is cfg and w.speculative_num_draft_tokens == 32
+    assert w.stage_timer is None and w.budgets is None

@@ -27,10 +27,15 @@ INT_PTRS = {"paths_ptr", "path_ptr", "s0_rows_ptr", "ring_rows_ptr"}
 
 
 def compile_sm90(
-    jit_fn, constexprs: dict, ints_32: tuple[str, ...] = (), types: dict | None = None
+    jit_fn,
+    constexprs: dict,
+    ints_32: tuple[str, ...] = (),
+    types: dict | None = None,
+    options: dict | None = None,
 ) -> dict:
     """Compile ``jit_fn`` for sm_90 with pointer/scalar types as the launchers pass them
-    (``types``: parameter -> Triton type, for parameters the naming rules get wrong)."""
+    (``types``: parameter -> Triton type, for parameters the naming rules get wrong; ``options``:
+    e.g. ``num_warps``)."""
     params = list(inspect.signature(jit_fn.fn).parameters)
     sig = {}
     for p in params:
@@ -51,7 +56,7 @@ def compile_sm90(
     src = ASTSource(
         fn=jit_fn, signature=sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}
     )
-    return triton.compile(src, target=SM90).asm
+    return triton.compile(src, target=SM90, options=options).asm
 
 
 # Qwen3.6-27B's GDN: 16 key heads, 48 value heads, K = V = 128; DDTREE(63): N = 64, W = 16.
@@ -110,3 +115,48 @@ def test_layout_kernel_with_paths_compiles_for_sm90(width, mode):
     nb = triton.next_power_of_2(width)
     consts = dict(N=width, HOPS=15, MODE=mode, BI=32, NB=nb, BSB=32, PW=16, PWB=16)
     assert compile_sm90(tk._layout_kernel, consts, types=types)["cubin"]
+
+
+def _ptxas_stack_bytes(asm: dict) -> int:
+    """The stack frame ``ptxas -v`` reports for the kernel's PTX on sm_90a (Triton's bundled ptxas)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(asm["ptx"])
+    try:
+        out = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.unlink(f.name)
+    match = re.search(r"(\d+) bytes stack frame", out.stdout + out.stderr)
+    assert match, out.stdout + out.stderr
+    return int(match.group(1))
+
+
+def test_kv_move_kernel_does_not_spill_at_the_capped_rows():
+    """SGLang's tiled KV-move kernel at the 27B shape's settings (2 KB rows: 128-byte tiles, 4
+    warps): at adapter.KV_MOVE_ROWS rows per launch its stack frame is small; at 256 (SGLang's own
+    cap there, the premise of the cap) it spills to kilobytes per thread, about 2 GB of local
+    memory at launch on an H200. If SGLang's kernel stops spilling at 256, the cap can go."""
+    from sglang.kernels.ops.kvcache.cache_move import copy_all_layer_kv_cache_tiled as kernel
+
+    from sglang_spec.plugin.adapter import KV_MOVE_ROWS
+
+    types = dict(data_ptrs="*u64", strides="*i64", tgt_loc_ptr="*i64", src_loc_ptr="*i64")
+    types |= dict(num_locs="i32")
+
+    def stack(rows: int) -> int:
+        consts = dict(num_locs_upper=rows, BYTES_PER_TILE=128)
+        options = dict(num_warps=4, num_stages=2)
+        return _ptxas_stack_bytes(compile_sm90(kernel, consts, types=types, options=options))
+
+    assert stack(KV_MOVE_ROWS) <= 256
+    assert stack(256) > 4096

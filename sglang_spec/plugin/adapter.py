@@ -354,6 +354,13 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "num_draft_tokens",
         )
     ),
+    # --- the target KV pool's tiled KV-move kernel (cap_kv_move_chunks)
+    "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool._kv_copy_config": Member(),
+    "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool.move_kv_cache": Sig(
+        ("self", "tgt_loc", "src_loc")
+    ),
+    "sglang.srt.mem_cache.memory_pool:HybridLinearKVPool.full_kv_pool": Member(),
+    "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.get_kvcache": Sig(("self",)),
     # --- SGLang objects the worker reads and calls (public members)
     **{
         f"sglang.srt.managers.schedule_batch:ScheduleBatch.{f}": Member()
@@ -918,6 +925,32 @@ def finalize_accept_tree_path(
 
 
 # ----------------------------------------------- the target LM head under tensor parallelism
+
+
+# Rows per launch of SGLang's tiled KV-move kernel. Its tile is [rows, bytes] with a 64-bit pointer
+# per element: compiled for sm_90 at the 27B shape's 2 KB rows, 128 rows keep a 136-byte stack
+# frame, 256 rows (SGLang's cap at that row size) spill to a 7440-byte one -- about 2 GB of local
+# memory at launch on an H200. A DDTREE(63) server at default memory (0.5 GB free) died with CUDA
+# out of memory launching it, in the warm-up step after bs 8: 16 requests move 16 x 16 = 256 slots.
+# (Session 10; the cap itself has not run on a GPU yet.)
+KV_MOVE_ROWS = 128
+
+
+def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
+    """Make SGLang's KV-move (the tree compaction of ``finalize_accept_tree_path``) copy at most
+    ``rows`` slots per launch of its tiled kernel, and launch that specialization once on slot 0
+    (as SGLang's pool warms its own), so that it is compiled and its local memory taken at start-up.
+    ``kv_cache`` is the allocator's ``get_kvcache()``; a hybrid pool's full-attention pool is the
+    one that moves. Returns False, changing nothing, for a pool without the tiled copy (HND
+    layouts, native moves)."""
+    pool = getattr(kv_cache, "full_kv_pool", kv_cache)
+    config = getattr(pool, "_kv_copy_config", None)
+    if config is None:
+        return False
+    config["num_locs_upper"] = min(int(config.get("num_locs_upper", rows)), rows)
+    slot0 = torch.zeros(config["num_locs_upper"], dtype=torch.int64, device=pool.device)
+    pool.move_kv_cache(slot0, slot0)
+    return True
 
 
 def vocab_shard(lm_head: Any) -> VocabShard:

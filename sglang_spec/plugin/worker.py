@@ -147,6 +147,9 @@ class DDTreeWorker(DFlashWorkerV2):
         # speculative_num_draft_tokens, which for DDTREE is the verify width.
         adapter.resize_draft_block(self, self.config.block_size)
         self.speculative_num_draft_tokens = self.config.verify_width
+        # The tree compaction moves bs * (L + 1) KV slots per step: keep SGLang's move kernel at
+        # launches that do not spill (adapter.KV_MOVE_ROWS).
+        adapter.cap_kv_move_chunks(self.model_runner.token_to_kv_pool_allocator.get_kvcache())
         why = adapter.unsupported_drafter_head(self)
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
