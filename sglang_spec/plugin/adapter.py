@@ -797,11 +797,8 @@ def wrap_dflash_decode_step(timed: Any) -> None:
             return original(self, batch, *args, **kwargs)
 
         mode = batch.forward_mode
-        if type(self) is not DFlashWorkerV2 or mode.is_extend() or batch.is_extend_in_batch:
-            return call()
-        if mode.is_idle():
-            return call()
-        return timed(self, batch, call)
+        decode = not (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle())
+        return timed(self, batch, call) if type(self) is DFlashWorkerV2 and decode else call()
 
     forward_batch_generation.sglang_spec_timed = True
     DFlashWorkerV2.forward_batch_generation = forward_batch_generation
@@ -924,9 +921,6 @@ def finalize_accept_tree_path(
     )
 
 
-# ----------------------------------------------- the target LM head under tensor parallelism
-
-
 # Rows per launch of SGLang's tiled KV-move kernel. Its tile is [rows, bytes] with a 64-bit pointer
 # per element: compiled for sm_90 at the 27B shape's 2 KB rows, 128 rows keep a 136-byte stack
 # frame, 256 rows (SGLang's cap at that row size) spill to a 7440-byte one -- about 2 GB of local
@@ -951,6 +945,9 @@ def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
     slot0 = torch.zeros(config["num_locs_upper"], dtype=torch.int64, device=pool.device)
     pool.move_kv_cache(slot0, slot0)
     return True
+
+
+# ----------------------------------------------- the target LM head under tensor parallelism
 
 
 def vocab_shard(lm_head: Any) -> VocabShard:

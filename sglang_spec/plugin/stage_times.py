@@ -12,15 +12,15 @@ stage method (its launches, plus any host wait inside it). GPU time comes from a
 events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from
 the end of the previous timed step to the start of this one: the scheduler's own work between
 decode steps, a prefill when one ran there, and any time the GPU waited for the host (null for
-the first step).
+the first step). A step is written once its last event has completed, checked without waiting
+(``Event.query``) when a later decode step begins, so timing adds no synchronisation, also under
+SGLang's overlap scheduler (which launches the next step before the previous one has finished);
+:meth:`StageTimer.flush` waits for and writes what is left. Steps still running when the server
+stops are not written.
 
 The same timer times a whole DFLASH decode step as one stage, ``step``
 (:func:`time_dflash_steps`), so that one server run compares the two algorithms' GPU time per
-step and between steps. A step is written once its last event
-has completed, checked without waiting (``Event.query``) when a later decode step begins, so
-timing adds no synchronisation, also under SGLang's overlap scheduler (which launches the next
-step before the previous one has finished); :meth:`StageTimer.flush` waits for and writes what is
-left. Steps still running when the server stops are not written.
+step and between steps.
 
 Off (the variable unset), the worker's stage methods are not wrapped at all: no cost.
 """
