@@ -14,6 +14,8 @@ The Triton kernels run under ``TRITON_INTERPRET=1`` in a child process (Triton r
 import) against the torch core to 1e-5: a padded GQA tree, a 21-deep chain (path rows longer than the
 kernel's 16-slot chunk), value tiles narrower than and not dividing ``V``, ``K`` not a power of two,
 strided k/v views of one projection (q contiguous), a wider-than-needed path table; and the path replay.
+The same cases, plus a 65-node tree and a root-only tree, check the one-chunk WY candidate
+(``triton_tree_chunk``) too, padding outputs zero.
 """
 
 from __future__ import annotations
@@ -299,6 +301,7 @@ TRITON_CHILD = textwrap.dedent(
     from sglang_spec.gdn import tree_paths
     from sglang_spec.gdn.tree_recurrence import _replay_path_state_torch, _tree_gated_delta_rule_torch
     from sglang_spec.gdn.triton_tree_recurrence import replay_path_state_triton, tree_gated_delta_rule_triton
+    from sglang_spec.gdn.triton_tree_chunk import doublings, tree_gated_delta_rule_chunk
     from test_gdn_tree_recurrence import random_parents, recurrence_inputs
 
     def close(a, b, what):
@@ -314,7 +317,11 @@ TRITON_CHILD = textwrap.dedent(
         ("gqa_padded_tree", [random_parents(gen, 24, 15, 0.2) for _ in range(2)], 1, 3, 16, 8, None, 0),
         ("deep_chain_wide_table", [chain, [-1] + [0] * 21], 2, 2, 12, 12, 8, 5),
         ("narrow_tiles", [random_parents(gen, 12, 4, 0.0)], 2, 4, 8, 12, 4, 0),
+        ("bushy_65", [random_parents(gen, 65, 15, 0.0, extend=0.3)], 2, 4, 16, 24, 16, 0),
+        ("root_and_padding", [[-1] * 6], 1, 1, 8, 8, 8, 0),
     ]
+    # the one-chunk WY candidate: 2^D >= the path width (5 doublings for the 22-deep chain)
+    assert [doublings(w) for w in (1, 2, 3, 4, 5, 16, 17, 22)] == [1, 1, 2, 2, 3, 4, 5, 5]
     for name, rows, hk, hv, dk, dv, bv, extra in cases:
         parents = torch.tensor(rows)
         bs, n = parents.shape
@@ -324,6 +331,10 @@ TRITON_CHILD = textwrap.dedent(
         wide = tree_paths(parents, width=paths.shape[2] + extra)
         got = tree_gated_delta_rule_triton(q, k, v, g, beta, wide, s0, block_v=bv)
         worst = max(worst, close(got, want, name))
+        chunk = tree_gated_delta_rule_chunk(q, k, v, g, beta, wide, s0, block_v=max(bv or 8, 8))
+        worst = max(worst, close(chunk, want, name + " (chunk)"))
+        padding = (parents < 0) & (torch.arange(n) > 0)
+        assert bool((chunk[padding] == 0).all()) and bool((got[padding] == 0).all()), name
         assert float(want.abs().max()) > 0.2, name
         # replay: every node's path; the second half of the batch rows empty
         for i in range(0, n, 3):
@@ -439,48 +450,3 @@ def test_prep_kernel_key_products_match_torch_under_interpreter():
     padding slots, a padding request (rows left unwritten), 1 and 2 key heads, path tables wider
     than the deepest path and than one 16-slot chunk, strided q/k."""
     run_interpreted(PREP_CHILD, "PREP_OK")
-
-
-CHUNK_CHILD = textwrap.dedent(
-    """
-    import torch
-    from sglang_spec.gdn import tree_paths
-    from sglang_spec.gdn.tree_recurrence import _tree_gated_delta_rule_torch
-    from sglang_spec.gdn.triton_tree_chunk import doublings, tree_gated_delta_rule_chunk
-    from test_gdn_tree_recurrence import random_parents, recurrence_inputs
-
-    assert [doublings(w) for w in (1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 2, 3, 4, 5]
-    gen = torch.Generator().manual_seed(5)
-    worst = 0.0
-    chain = list(range(-1, 21))  # depth 21: a 22-wide table, 5 doublings
-    # (name, parents rows, hk, hv, dk, dv, block_v, extra path columns)
-    cases = [
-        ("gqa_padded_tree", [random_parents(gen, 24, 15, 0.2) for _ in range(2)], 1, 3, 16, 8, 8, 0),
-        ("deep_chain_wide_table", [chain, [-1] + [0] * 21], 2, 2, 12, 12, 8, 5),
-        ("bushy_65", [random_parents(gen, 65, 15, 0.0, extend=0.3)], 2, 4, 16, 24, 16, 0),
-        ("root_only", [[-1] + [-1] * 5], 1, 1, 8, 8, 8, 0),
-    ]
-    for name, rows, hk, hv, dk, dv, bv, extra in cases:
-        parents = torch.tensor(rows)
-        bs, n = parents.shape
-        q, k, v, g, beta, s0 = recurrence_inputs(gen, bs, n, hk, hv, dk, dv)
-        paths = tree_paths(parents)
-        want = _tree_gated_delta_rule_torch(q, k, v, g, beta, paths, s0)
-        wide = tree_paths(parents, width=paths.shape[2] + extra)
-        got = tree_gated_delta_rule_chunk(q, k, v, g, beta, wide, s0, block_v=bv)
-        err = float((got - want).abs().max())
-        assert err <= 1e-4, (name, err)
-        worst = max(worst, err)
-        assert float(want.abs().max()) > 0.2 or name == "root_only", name
-        padding = (parents < 0) & (torch.arange(n) > 0)
-        assert bool((got[padding] == 0).all()), name  # padding slots are zeros
-    print("CHUNK_OK", worst)
-    """
-)
-
-
-def test_one_chunk_candidate_matches_torch_core_under_interpreter():
-    """The one-chunk WY candidate (``triton_tree_chunk``) equals the torch core: padding slots,
-    GQA, a 22-deep chain (5 doublings of the inverse), a 65-node bushy tree, a root-only tree, a
-    path table wider than the deepest path, value tiles narrower than V."""
-    run_interpreted(CHUNK_CHILD, "CHUNK_OK")
