@@ -168,7 +168,7 @@ def test_one_chunk_candidate_compiles_for_sm90():
     refuses, so compile it for real (about a minute on a CPU)."""
     from sglang_spec.gdn import triton_tree_chunk as chunk
 
-    consts = dict(W=16, HV=48, GRP=3, DK=128, DV=128, BK=128, BV=32, NB=64)
+    consts = dict(W=16, HV=48, GRP=3, DK=128, DV=128, BK=128, BV=32, NB=64, KC=32)
     consts |= dict(DOUBLINGS=chunk.doublings(16))
     types = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", paths_ptr="*i32", N="i32")
     asm = compile_sm90(chunk._tree_chunk_kernel, consts, types=types, options=dict(num_warps=4))

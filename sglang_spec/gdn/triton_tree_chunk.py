@@ -23,11 +23,14 @@ chains of ``m`` ancestors: ``A^W = 0`` when no path has more than ``W`` nodes. H
 horizon-15 drafter).
 
 Precision: every product is ``tf32x3`` (three TF32 tensor-core products per fp32 product, close to
-fp32; plain TF32 would lose the exactness the tests hold the walk kernel to). Compiled for sm_90
-at DDTREE(63)'s shape (64 nodes, BV 32), ``ptxas -v`` reports a 1784-byte stack per thread with 4
-warps and 2096 with 8, against 22096 with IEEE fp32 FMA products. That is still a spill, and
-about 0.5 GB of local memory at launch on an H200, which the serving path would have to account
-for.
+fp32; plain TF32 would lose the exactness the tests hold the walk kernel to). The key products are
+accumulated over 32-column slices of ``K``.
+- Compiled for sm_90 at DDTREE(63)'s shape (64 nodes, BV 32), ``ptxas -v`` reports a stack per
+  thread of 1176 bytes with 4 warps and 792 with 8.
+- Before the slicing (whole ``[64, 128]`` q and k tiles) it was 1784 and 2096; with IEEE fp32
+  products, 22096.
+- That is still a spill: 0.2-0.3 GB of local memory at launch on an H200, which the serving path
+  would have to account for.
 
 One program per (value tile of ``BV`` columns, request x value head); the key products are formed
 again in each value tile and head of a group (a first version: the benchmark decides whether that
@@ -81,6 +84,7 @@ def _tree_chunk_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NB: tl.constexpr,
+    KC: tl.constexpr,
     DOUBLINGS: tl.constexpr,
 ):
     iv = tl.program_id(0)
@@ -105,36 +109,47 @@ def _tree_chunk_kernel(
     gamma = tl.sum(tl.where(anc, g.to(tl.float32)[None, :], 0.0), 1)
     decay = tl.where(anc, tl.exp(gamma[:, None] - gamma[None, :]), 0.0)
 
-    row_k = real_row[:, None] & ok_k[None, :]
-    k = tl.load(
-        k_ptr + b * sk_b + nodes[:, None] * sk_n + hk * sk_h + offs_k[None, :],
-        mask=row_k,
-        other=0.0,
-    ).to(tl.float32)
-    q = tl.load(
-        q_ptr + b * sq_b + nodes[:, None] * sq_n + hk * sq_h + offs_k[None, :],
-        mask=row_k,
-        other=0.0,
-    ).to(tl.float32)
+    # the key products, K in slices of KC columns (whole [NB, K] tiles of q and k spilled)
+    kk = tl.zeros([NB, NB], dtype=tl.float32)
+    qk = tl.zeros([NB, NB], dtype=tl.float32)
+    s0k = tl.zeros([NB, BV], dtype=tl.float32)
+    s0q = tl.zeros([NB, BV], dtype=tl.float32)
+    for k0 in tl.static_range(0, BK, KC):
+        offs_k = k0 + tl.arange(0, KC)
+        ok_k = offs_k < DK
+        row_k = real_row[:, None] & ok_k[None, :]
+        k = tl.load(
+            k_ptr + b * sk_b + nodes[:, None] * sk_n + hk * sk_h + offs_k[None, :],
+            mask=row_k,
+            other=0.0,
+        ).to(tl.float32)
+        q = tl.load(
+            q_ptr + b * sq_b + nodes[:, None] * sq_n + hk * sq_h + offs_k[None, :],
+            mask=row_k,
+            other=0.0,
+        ).to(tl.float32)
+        s0 = tl.load(
+            s0_ptr + b * ss_b + h * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
+            mask=ok_k[:, None] & ok_v[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        kt = tl.trans(k)
+        kk += tl.dot(k, kt, input_precision="tf32x3")
+        qk += tl.dot(q, kt, input_precision="tf32x3")
+        s0k += tl.dot(k, s0, input_precision="tf32x3")
+        s0q += tl.dot(q, s0, input_precision="tf32x3")
     v = tl.load(
         v_ptr + b * sv_b + nodes[:, None] * sv_n + h * sv_h + offs_v[None, :],
         mask=real_row[:, None] & ok_v[None, :],
         other=0.0,
     ).to(tl.float32)
-    s0 = tl.load(
-        s0_ptr + b * ss_b + h * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
-        mask=ok_k[:, None] & ok_v[None, :],
-        other=0.0,
-    ).to(tl.float32)
 
-    kt = tl.trans(k)
     strict = anc & (nodes[:, None] != nodes[None, :])
-    a = tl.where(
-        strict, beta.to(tl.float32)[:, None] * decay * tl.dot(k, kt, input_precision="tf32x3"), 0.0
-    )
+    a = tl.where(strict, beta.to(tl.float32)[:, None] * decay * kk, 0.0)
     eg = tl.exp(gamma)
     s0k = tl.dot(k, s0, input_precision="tf32x3")
     rhs = beta.to(tl.float32)[:, None] * (v - eg[:, None] * s0k)
+    attn = decay * qk  # the output's weights; decay and qk are not needed again
     # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A is nilpotent of index <= W <= 2^DOUBLINGS
     eye = tl.where(nodes[:, None] == nodes[None, :], 1.0, 0.0)
     inv = eye - a
@@ -143,10 +158,7 @@ def _tree_chunk_kernel(
         power = tl.dot(power, power, input_precision="tf32x3")
         inv = tl.dot(inv, eye + power, input_precision="tf32x3")
     u = tl.dot(inv, rhs, input_precision="tf32x3")
-    attn = decay * tl.dot(q, kt, input_precision="tf32x3")
-    o = eg[:, None] * tl.dot(q, s0, input_precision="tf32x3") + tl.dot(
-        attn, u, input_precision="tf32x3"
-    )
+    o = eg[:, None] * s0q + tl.dot(attn, u, input_precision="tf32x3")
     o = tl.where(real[:, None], o, 0.0)
     out = o_ptr + ((b * N + nodes[:, None]) * HV + h) * DV + offs_v[None, :]
     tl.store(out, o, mask=real_row[:, None] & ok_v[None, :])
@@ -206,6 +218,7 @@ def tree_gated_delta_rule_chunk(
         BK=triton.next_power_of_2(dk),
         BV=block_v,
         NB=max(16, triton.next_power_of_2(n)),
+        KC=min(32, triton.next_power_of_2(dk)),
         DOUBLINGS=doublings(width),
         num_warps=num_warps,
     )
