@@ -43,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .recurrence_inputs import check_inputs
+from .recurrence_inputs import check_inputs, check_paths
+from .triton_tree_recurrence import last_dim_contiguous
 
 
 @triton.jit
@@ -183,14 +184,12 @@ def tree_gated_delta_rule_chunk(
     """``tree_gated_delta_rule_triton``'s contract (``paths`` a ``tree_paths`` table ``[bs, N, W]``,
     ``o [bs, N, Hv, V]`` fp32), solved as one chunk. ``N`` up to 128 nodes."""
     check_inputs(q, k, v, g, beta, initial_state)
+    check_paths(paths, k)
     bs, n, hk, dk = k.shape
     hv, dv = v.shape[2:]
-    if paths.dim() != 3 or paths.shape[:2] != (bs, n):
-        raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")
     if n > 128:
         raise ValueError(f"the one-chunk solve holds up to 128 nodes per tree; got N = {n}")
-    if any(x.stride(-1) != 1 for x in (q, k, v)):
-        raise ValueError("q, k and v must have a contiguous last dim")
+    q, k, v = last_dim_contiguous(q, k, v)
     width = paths.shape[2]
     paths = paths.to(torch.int32).contiguous()
     o = torch.empty(bs, n, hv, dv, dtype=torch.float32, device=k.device)

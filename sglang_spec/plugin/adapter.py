@@ -933,7 +933,7 @@ KV_MOVE_ROWS = 128
 def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
     """Make SGLang's KV-move (the tree compaction of ``finalize_accept_tree_path``) copy at most
     ``rows`` slots per launch of its tiled kernel, and launch that specialization once on slot 0
-    (as SGLang's pool warms its own), so that it is compiled and its local memory taken at start-up.
+    (as SGLang's pool warms its own), so that it is compiled at start-up, not in a decode step.
     ``kv_cache`` is the allocator's ``get_kvcache()``; a hybrid pool's full-attention pool is the
     one that moves. Returns False, changing nothing, for a pool without the tiled copy (HND
     layouts, native moves)."""
