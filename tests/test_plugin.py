@@ -1555,31 +1555,48 @@ def test_sync_check_env_refuses_other_modes():
         DDTreeConfig.build(block_size=8, verify_width=8, environ={"SGLANG_DDTREE_SYNC_CHECK": "on"})
 
 
-def test_worker_init_resizes_the_draft_block_and_caps_the_kv_move(monkeypatch):
+def test_worker_init_resizes_the_draft_block_and_pool_allocation_caps_the_kv_move(monkeypatch):
     """DDTreeWorker.__init__ over upstream's: the draft block back to the drafter's (upstream took
-    the verify width), the verify width as the step's draft tokens, and SGLang's KV move capped
-    at rows that do not spill before any tree compaction runs (adapter.cap_kv_move_chunks)."""
+    the verify width), the verify width as the step's draft tokens. SGLang's KV move is capped at
+    rows that do not spill (adapter.cap_kv_move_chunks) when the scheduler hands the worker the
+    target's allocator (alloc_memory_pool), not in __init__: the scheduler builds the draft worker
+    before any pool, so the target's runner has no allocator then (session 10's cap in __init__
+    crashed every DDTREE server on the H200 with AttributeError on None)."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_spec.plugin import adapter
     from sglang_spec.plugin import worker as worker_mod
 
     kv = object()
+    allocator = SimpleNamespace(get_kvcache=lambda: kv)
 
     def upstream_init(self, *_args):
-        allocator = SimpleNamespace(get_kvcache=lambda: kv)
-        self.model_runner = SimpleNamespace(token_to_kv_pool_allocator=allocator)
+        self.model_runner = SimpleNamespace(token_to_kv_pool_allocator=None)  # pools come later
         self.speculative_num_draft_tokens = 32  # the width leak resize_draft_block undoes
+
+    def upstream_alloc(
+        self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
+    ):
+        calls.append(
+            ("draft pools", memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        )
 
     calls = []
     cfg = DDTreeConfig(block_size=16, verify_width=32, topk_per_depth=4, tree_temperature=0.75)
     monkeypatch.setattr(DFlashWorkerV2, "__init__", upstream_init)
+    monkeypatch.setattr(DFlashWorkerV2, "alloc_memory_pool", upstream_alloc)
     monkeypatch.setattr(worker_mod, "runtime_config", lambda: cfg)
     monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=1, tp_group=0))
     monkeypatch.setattr(adapter, "resize_draft_block", lambda _w, b: calls.append(("block", b)))
     monkeypatch.setattr(adapter, "cap_kv_move_chunks", lambda pool: calls.append(("cap", pool)))
     monkeypatch.setattr(adapter, "unsupported_drafter_head", lambda _w: None)
     w = worker_mod.DDTreeWorker("server_args", 0, 0, "target")
-    assert calls == [("block", 16), ("cap", kv)]
+    assert calls == [("block", 16)]
+    # the scheduler's init_memory_pools: the target's pools, then the draft worker's, keywords
+    w.model_runner.token_to_kv_pool_allocator = allocator
+    w.alloc_memory_pool(
+        memory_pool_config="cfg", req_to_token_pool="req", token_to_kv_pool_allocator=allocator
+    )
+    assert calls == [("block", 16), ("draft pools", "cfg", "req", allocator), ("cap", kv)]
     assert w.config is cfg and w.speculative_num_draft_tokens == 32
     assert w.stage_timer is None and w.budgets is None

@@ -147,9 +147,6 @@ class DDTreeWorker(DFlashWorkerV2):
         # speculative_num_draft_tokens, which for DDTREE is the verify width.
         adapter.resize_draft_block(self, self.config.block_size)
         self.speculative_num_draft_tokens = self.config.verify_width
-        # The tree compaction moves bs * (L + 1) KV slots per step: keep SGLang's move kernel at
-        # launches that do not spill (adapter.KV_MOVE_ROWS).
-        adapter.cap_kv_move_chunks(self.model_runner.token_to_kv_pool_allocator.get_kvcache())
         why = adapter.unsupported_drafter_head(self)
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
@@ -165,6 +162,16 @@ class DDTreeWorker(DFlashWorkerV2):
                 REQUIRED_HOOKS,
                 REQUIRED_PATCHES,
             )
+
+    def alloc_memory_pool(
+        self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
+    ):
+        """The drafter's pools (DFlash's), then SGLang's KV move capped at launches that do not
+        spill (adapter.KV_MOVE_ROWS): the tree compaction moves bs * (L + 1) KV slots per step.
+        The scheduler calls this with the target's allocator after allocating the target's
+        pools; at __init__ the target's runner has no allocator yet."""
+        super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        adapter.cap_kv_move_chunks(token_to_kv_pool_allocator.get_kvcache())
 
     def init_budgets(self) -> None:
         """Budget by batch size: the controller and every candidate budget's config."""
