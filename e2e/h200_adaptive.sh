@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Budget by batch size on real SGLang (issue 15 items 2 and 4), tiny hybrid pair, CUDA graphs up to bs 16:
+# Budget by batch size on real SGLang (issue 15 items 2 and 4), tiny hybrid pair, CUDA graphs up to bs GRAPH_BS (16):
 #   source .gpu-kit/setup.sh && OUT=$OUT PARTS=fixed bash e2e/h200_adaptive.sh      # one device call
 #   source .gpu-kit/setup.sh && OUT=$OUT PARTS=adaptive bash e2e/h200_adaptive.sh   # the next one
 #  fixed:    AR, DFLASH, DDTREE(15) and DDTREE(63), or FIXED_SERVERS (each: greedy outputs identical to AR's sequentially
@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 MODS=${MODS-+graphs+patched+replayssm}
 PARTS=${PARTS:-fixed adaptive}
 common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
-  --graph-bs 16 --sweep "${SWEEP:-1,2,4,8,16}")
+  --graph-bs "${GRAPH_BS:-16}" --sweep "${SWEEP:-1,2,4,8,16}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
   dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)
