@@ -18,9 +18,6 @@ budget N - 1, random logits):
   ancestors' keys once per key head, then the tree kernel); its value tile ``BV`` chosen from
   ``bs * Hv`` (``triton_tree_recurrence.choose_block_v``); ``--sweep`` also times every ``BV`` in
   4..32 with 1, 2 and 4 warps and prints the best;
-* **chunk** (``--chunk``) -- the one-chunk WY candidate ``triton_tree_chunk.tree_gated_delta_rule_chunk``
-  on the unfused kernel's inputs, at every ``CHUNK_SWEEP`` (value tile, warps), the fastest kept;
-  checked against the torch core like the unfused kernel;
 * **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
@@ -101,7 +98,6 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
 
 
 SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
-CHUNK_SWEEP = [(bv, warps) for bv in (16, 32, 64) for warps in (4, 8)]
 
 
 def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
@@ -243,23 +239,6 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         lambda: replay_path_state_triton(k, v, g, beta, commit_paths, s0), device, args.reps
     )
     t_fused = time_us(fused, device, args.reps)
-    chunk = {}
-    chunk_err = None
-    if args.chunk:
-        from sglang_spec.gdn.triton_tree_chunk import tree_gated_delta_rule_chunk
-
-        for bv, warps in CHUNK_SWEEP:
-            out = tree_gated_delta_rule_chunk(q, k, v, g, beta, paths, s0, bv, warps)
-            chunk_err = max(chunk_err or 0.0, float((out - want).abs().max()))
-            chunk[f"BV{bv}/w{warps}"] = time_us(
-                lambda bv=bv, warps=warps: tree_gated_delta_rule_chunk(
-                    q, k, v, g, beta, paths, s0, bv, warps
-                ),
-                device,
-                args.reps,
-            )
-        ok = ok and chunk_err <= CHECK_TOL
-    best_chunk = min(chunk, key=chunk.get) if chunk else None
     sweep = {}
     if args.sweep:
         for bv, warps in SWEEP:
@@ -284,11 +263,6 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         fused_vs_sglang_chain=t_fused / sg["chain_us"],
         sweep_us=sweep,
         sweep_best=min(sweep, key=sweep.get) if sweep else None,
-        chunk_us=chunk,
-        chunk_best=best_chunk,
-        chunk_best_us=chunk[best_chunk] if chunk else None,
-        chunk_vs_unfused_kernel=chunk[best_chunk] / t_ours if chunk else None,
-        check_chunk=chunk_err,
         replay_commit_us=t_replay,
         sglang_snapshots_mb=n * HV * dk * dv * 4 * mb,
         ours_records_mb=n * (H * dk * act + HV * dv * act + 2 * HV * 4) * mb,
@@ -316,9 +290,6 @@ COLUMNS = [
     ("ours_prep_us", "unfused prep µs"),
     ("ours_kernel_us", "unfused kernel µs"),
     ("ours_vs_sglang_tree", "unfused/SGLang tree"),
-    ("chunk_best", "chunk: fastest"),
-    ("chunk_best_us", "chunk µs"),
-    ("chunk_vs_unfused_kernel", "chunk/unfused kernel"),
     ("replay_commit_us", "commit replay µs"),
     ("sglang_snapshots_mb", "SGLang snapshots MB/req"),
     ("ours_records_mb", "ours records MB/req"),
@@ -329,7 +300,6 @@ COLUMNS = [
     ("check_replay", "check: replay /tol"),
     ("check_fused", "check: fused /tol"),
     ("check_ring", "check: ring"),
-    ("check_chunk", "check: chunk vs torch"),
 ]
 
 
@@ -413,12 +383,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument(
         "--sweep", action="store_true", help="also time the fused kernel at every BV x warps"
-    )
-    p.add_argument(
-        "--chunk",
-        action="store_true",
-        help="also check and time the one-chunk WY candidate (triton_tree_chunk) at every "
-        "CHUNK_SWEEP tile",
     )
     args = p.parse_args(argv)
     if args.device == "cpu":
