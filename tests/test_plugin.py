@@ -1575,7 +1575,7 @@ def test_worker_init_resizes_the_draft_block_and_pool_allocation_caps_the_kv_mov
         self.speculative_num_draft_tokens = 32  # the width leak resize_draft_block undoes
 
     def upstream_alloc(
-        self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
+        _self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
     ):
         calls.append(
             ("draft pools", memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
