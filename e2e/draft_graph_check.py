@@ -15,7 +15,9 @@ one's, so the packed all-gather and the TP merge run inside the graph), and for 
 2. replays the graph on NEW hidden states and input ids and compares its static outputs (per-depth
    log-probs and ids, tree tokens, parents, depths, scores, node counts) bit for bit with
    :func:`sglang_spec.tree.draft_tree` on the same inputs (the eager path ``topk_stage`` runs), and
-   checks the replay gives another tree than the capture's inputs did (no stale outputs);
+   checks the replay gives another tree than the capture's inputs did (no stale outputs); the
+   smaller candidate budgets of ``--speculative-adaptive`` (7 and 15 below the budget), built in
+   the same graph, equal ``build_ddtree_from_topk`` on the eager top-K;
 3. runs one replay and one eager call under ``torch.cuda.set_sync_debug_mode("error")``;
 4. times both with CUDA events and prints a table; exits 1 if any check fails.
 
@@ -30,11 +32,19 @@ import sys
 
 import torch
 
-from sglang_spec.tree import DraftHead, StaticAllGather, StaticDraftTree, VocabShard, draft_tree
+from sglang_spec.tree import (
+    DraftHead,
+    StaticAllGather,
+    StaticDraftTree,
+    VocabShard,
+    build_ddtree_from_topk,
+    draft_tree,
+)
 from sglang_spec.tree.topk import gathered_shape
 
 HIDDEN, VOCAB, BLOCK, TEMPERATURE = 5120, 248320, 16, 0.75
 BUDGETS, BATCH_SIZES, ITERS = (15, 63), (1, 8), 20
+SMALLER_BUDGETS = (7, 15)  # built in the same graph from the same top-K (--speculative-adaptive)
 
 
 def _two_rank_gather(k: int):
@@ -95,6 +105,7 @@ def _ms(fn) -> float:
 
 
 def check(tp, budget, bs, weight, gen) -> dict:
+    smaller = tuple(b for b in SMALLER_BUDGETS if b < budget)
     sampler = StaticDraftTree(
         _head(weight, tp, budget, math.prod(gathered_shape(bs, BLOCK - 1, budget))),
         block_size=BLOCK,
@@ -102,6 +113,7 @@ def check(tp, budget, bs, weight, gen) -> dict:
         temperature=TEMPERATURE,
         budget=budget,
         max_bs=bs,
+        smaller_budgets=smaller,
     )
     static_hidden, static_ids = _inputs(bs, gen)
     stream = torch.cuda.Stream()
@@ -122,11 +134,19 @@ def check(tp, budget, bs, weight, gen) -> dict:
     try:
         graph.replay()
         eager = _eager(hidden, ids, _head(weight, tp, budget, 0), bs, budget)
+        roots = ids.view(bs, BLOCK)[:, 0]
+        eager_smaller = {b: build_ddtree_from_topk(eager[0], eager[1], b, roots) for b in smaller}
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     got = sampler.outputs(bs)
     exact = all(torch.equal(a, b) for a, b in zip(_flat(got), _flat(eager), strict=True))
+    for b, want in eager_smaller.items():  # budget by batch size: the other candidates' trees
+        got_b = sampler.outputs(bs, b)
+        exact &= all(
+            torch.equal(x, y)
+            for x, y in zip(_flat(got_b)[2:], _flat((None, None, want))[2:], strict=True)
+        )
     logq_diff = float((got[0] - eager[0]).abs().nan_to_num(0.0).max())  # -inf pads: nan
     fresh = not torch.equal(got[2].tokens, captured_tokens)
     eager_head = _head(weight, tp, budget, 0)

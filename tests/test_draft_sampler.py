@@ -68,9 +68,15 @@ def _eager(hidden, input_ids, head, budget=BUDGET, k=K):
     )
 
 
-def _sampler(head):
+def _sampler(head, smaller_budgets=()):
     return StaticDraftTree(
-        head, block_size=BLOCK, k=K, temperature=0.75, budget=BUDGET, max_bs=MAX_BS
+        head,
+        block_size=BLOCK,
+        k=K,
+        temperature=0.75,
+        budget=BUDGET,
+        max_bs=MAX_BS,
+        smaller_budgets=smaller_budgets,
     )
 
 
@@ -145,7 +151,7 @@ def test_a_call_writes_only_its_batch_rows_and_the_next_call_gives_fresh_results
     torch.manual_seed(5)
     head = DraftHead(torch.randn(V, H), VocabShard.whole(V))
     sampler = _sampler(head)
-    bufs = [sampler.logq, sampler.ids, *(getattr(sampler, f) for f in TREE_FIELDS)]
+    bufs = [sampler.logq, sampler.ids, *(getattr(sampler.trees[BUDGET], f) for f in TREE_FIELDS)]
     for b in bufs:
         b.fill_(-7)
     first = _inputs(2, seed=1)
@@ -164,6 +170,12 @@ def test_sampler_refuses_bad_sizes():
     head = DraftHead(torch.randn(V, H), VocabShard.whole(V))
     with pytest.raises(ValueError, match="block_size >= 2.*got block_size=1, k=6"):
         StaticDraftTree(head, block_size=1, k=6, temperature=1.0, budget=3, max_bs=2)
+    with pytest.raises(
+        ValueError, match=r"smaller_budgets must lie in \[1, budget=3\); got \[3, 0\]"
+    ):
+        StaticDraftTree(
+            head, block_size=4, k=6, temperature=1.0, budget=3, max_bs=2, smaller_budgets=(2, 3, 0)
+        )
 
 
 # ------------------------------------------------------------------ the worker's side
@@ -208,7 +220,7 @@ def test_step_tree_reads_the_static_outputs_only_after_a_graph_replay():
 
     tree = draft_sampler.step_tree(worker, hidden_y, roots, ran_as_graph=True)
     _assert_same((sampler.logq[:bs], sampler.ids[:bs], tree), _eager(x, x_ids, head))
-    assert tree.tokens.data_ptr() == sampler.tokens.data_ptr()  # no copy
+    assert tree.tokens.data_ptr() == sampler.trees[BUDGET].tokens.data_ptr()  # no copy
 
     y_ids = torch.cat([roots[:, None], x_ids.view(bs, BLOCK)[:, 1:]], 1).reshape(-1)
     eager_y = _eager(y, y_ids, head)[2]
@@ -218,14 +230,37 @@ def test_step_tree_reads_the_static_outputs_only_after_a_graph_replay():
         for f in TREE_FIELDS:
             assert torch.equal(getattr(tree, f), getattr(eager_y, f)), (ran, f)
 
+    # --speculative-adaptive: every candidate's tree comes from the graph (its K = exact_topk
+    # ranks of the server's top-K give the same tree), read without a copy or a rebuild
+    sampler = _sampler(head, smaller_budgets=(5, 3))
+    sampler(x, x_ids)
     worker._draft_sampler = sampler
-    for budget in (3, 5):  # --speculative-adaptive: its K (exact_topk) gives the K = budget tree
+    for budget in (3, 5):
         worker.config = SERVER.for_budget(budget)
         tree = draft_sampler.step_tree(worker, hidden_y, roots, ran_as_graph=True)
         want = _eager(x, x_ids, head, budget=budget, k=min(K, budget))[2]
         assert tree.width == budget + 1
+        assert tree.tokens.data_ptr() == sampler.trees[budget].tokens.data_ptr()
         for f in TREE_FIELDS:
             assert torch.equal(getattr(tree, f), getattr(want, f)), (budget, f)
+
+
+def test_smaller_budgets_trees_follow_each_call_and_the_server_tree_is_unchanged():
+    """A second call at another batch size rewrites every budget's rows from its own inputs; the
+    server budget's tree is the one a sampler without smaller budgets builds."""
+    torch.manual_seed(11)
+    head = DraftHead(torch.randn(V, H), VocabShard.whole(V))
+    sampler, plain = _sampler(head, smaller_budgets=(4,)), _sampler(head)
+    assert sorted(sampler.trees) == [4, BUDGET]
+    for bs, seed in [(2, 1), (3, 2)]:
+        hidden, input_ids = _inputs(bs, seed=seed)
+        sampler(hidden, input_ids)
+        plain(hidden, input_ids)
+        _assert_same(sampler.outputs(bs), plain.outputs(bs))
+        got, want = sampler.outputs(bs, 4)[2], _eager(hidden, input_ids, head, budget=4, k=4)[2]
+        assert got.width == 5 and got.batch_size == bs
+        for f in TREE_FIELDS:
+            assert torch.equal(getattr(got, f), getattr(want, f)), (bs, f)
 
 
 def test_step_tree_without_a_dense_head_says_so():
@@ -263,10 +298,14 @@ def test_build_sizes_the_sampler_for_the_largest_graph_batch(monkeypatch):
         BUDGET,
         0.75,
     )
-    assert sampler.tokens.shape == (8, BUDGET + 1) and sampler.logq.shape == (8, BLOCK - 1, K)
+    assert list(sampler.trees) == [BUDGET]
+    assert sampler.trees[BUDGET].tokens.shape == (8, BUDGET + 1)
+    assert sampler.logq.shape == (8, BLOCK - 1, K)
     assert sampler.head.shard == VocabShard(25, 25, 25)
     gather = sampler.head.all_gather
     assert gather.local.numel() == 8 * (BLOCK - 1) * (2 * K + 1) and gather.world == 2
+    worker.budgets, worker.budget_configs = object(), {3: None, BUDGET: None, 5: None}
+    assert sorted(draft_sampler.build(worker).trees) == [3, 5, BUDGET]  # every candidate's tree
     monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: None)
     assert draft_sampler.build(worker) is None
     monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2])

@@ -9,13 +9,14 @@ replay runs it too. DFLASH puts its greedy head there; DDTREE puts
 :class:`sglang_spec.tree.StaticDraftTree`, which runs the same :func:`sglang_spec.tree.draft_tree`
 as the eager path -- the target's LM head over the block's rows 1..B-1, top-K and log-normaliser
 per depth (TP-aware: :func:`sglang_spec.tree.sharded_topk`, one all-gather, here into fixed
-buffers), the best-first tree at the server's budget -- into static buffers sized for the largest
-captured batch.
+buffers), the best-first tree at the server's budget and at every other candidate budget -- into
+static buffers sized for the largest captured batch.
 
 ``topk_stage`` (worker.py) then takes, per decode step (:func:`step_tree`):
 
-* the draft ran as a CUDA graph: the static tree; with ``--speculative-adaptive`` at a budget other
-  than the server's (a smaller one), the tree built here from the static top-K;
+* the draft ran as a CUDA graph: the static tree of the step's budget (with
+  ``--speculative-adaptive`` the graph builds every candidate budget's tree from the same top-K,
+  so a step at a smaller budget reads its tree as it reads the server's, with no eager rebuild);
 * otherwise (eager batches: larger than every captured batch size, or graphs off):
   :func:`sglang_spec.tree.draft_tree` on the drafter's hidden states.
 
@@ -34,7 +35,7 @@ import torch
 
 import sglang_spec.plugin.adapter as adapter
 from sglang_spec.plugin.config import DDTreeConfig
-from sglang_spec.tree import DraftHead, DraftTree, StaticDraftTree, build_ddtree_from_topk
+from sglang_spec.tree import DraftHead, DraftTree, StaticDraftTree
 from sglang_spec.tree import draft_tree as run_draft_tree
 from sglang_spec.tree.topk import gathered_shape
 
@@ -87,12 +88,16 @@ def build(worker: Any) -> StaticDraftTree | None:
         temperature=config.tree_temperature,
         budget=config.budget,
         max_bs=max_bs,
+        # budget by batch size: every other candidate's tree is built in the graph too
+        smaller_budgets=()
+        if worker.budgets is None
+        else tuple(b for b in worker.budget_configs if b != config.budget),
     )
     logger.info(
-        "DDTREE draft head, top-K (K=%d) and tree (budget %d) folded into the draft CUDA graph "
+        "DDTREE draft head, top-K (K=%d) and tree (budgets %s) folded into the draft CUDA graph "
         "(batch sizes up to %d, all-gather: %s).",
         config.topk_per_depth,
-        config.budget,
+        sorted(sampler.trees),
         max_bs,
         "none" if sampler.head.all_gather is None else "static buffers",
     )
@@ -109,12 +114,7 @@ def step_tree(
     bs = int(root_tokens.shape[0])
     sampler = adapter.draft_sampler(worker)
     if ran_as_graph and sampler is not None:
-        logq, ids, tree = sampler.outputs(bs)
-        if sampler.budget == config.budget:
-            return tree
-        # The server's K >= this budget's (DDTreeConfig.for_budget: at most its exact_topk), and
-        # ranks beyond a budget's exact_topk are never popped: the extra ranks change nothing.
-        return build_ddtree_from_topk(logq, ids, config.budget, root_tokens)
+        return sampler.outputs(bs, config.budget)[2]
     lm_head = target_lm_head(worker)
     if lm_head is None:
         raise RuntimeError("DDTREE needs a dense target lm_head.")

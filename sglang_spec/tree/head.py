@@ -11,7 +11,7 @@ with its log-normaliser, and builds the best-first tree of ``budget`` nodes
 graph's hidden states and input ids at capture and replay (SGLang's draft-sampler contract: the
 bonus token is block position 0 of the input ids), it writes the top-K and the tree into buffers
 allocated once for the largest captured batch, of which a replay at batch size ``bs`` writes the
-first ``bs`` rows. The serving side (``sglang_spec.plugin.draft_sampler``) builds it from the
+first ``bs`` rows; given smaller budgets too, it builds their trees from the same top-K. The serving side (``sglang_spec.plugin.draft_sampler``) builds it from the
 target's LM head and reads its outputs only after a replay; without a graph it calls
 :func:`draft_tree` itself.
 
@@ -69,9 +69,11 @@ class StaticDraftTree:
     """:func:`draft_tree` with static outputs, for a CUDA graph (module docstring).
 
     ``head.all_gather`` must be capturable when the head is sharded
-    (:class:`~sglang_spec.tree.topk.StaticAllGather`). Outputs, rows ``[0, bs)`` valid after a
-    call on ``bs`` requests: ``logq``, ``ids`` ``[max_bs, B-1, k]``; ``tokens``, ``parents``,
-    ``depths`` (int64), ``scores`` (float32) ``[max_bs, 1 + budget]``; ``num_nodes [max_bs]``.
+    (:class:`~sglang_spec.tree.topk.StaticAllGather`). ``smaller_budgets`` (budget by batch size:
+    the other candidate budgets, each below ``budget``) get their trees built in the same call
+    from the same top-K, so a step at any candidate reads a tree the graph built. Outputs, rows
+    ``[0, bs)`` valid after a call on ``bs`` requests: ``logq``, ``ids`` ``[max_bs, B-1, k]``;
+    ``trees[b]``, a :class:`DraftTree` of ``[max_bs, 1 + b]`` buffers for every budget ``b``.
     """
 
     def __init__(
@@ -83,11 +85,17 @@ class StaticDraftTree:
         temperature: float,
         budget: int,
         max_bs: int,
+        smaller_budgets: tuple[int, ...] = (),
     ):
         if block_size < 2 or k < 1 or budget < 1 or max_bs < 1:
             raise ValueError(
                 f"StaticDraftTree needs block_size >= 2 and k, budget, max_bs >= 1; got "
                 f"block_size={block_size}, k={k}, budget={budget}, max_bs={max_bs}"
+            )
+        bad = [b for b in smaller_budgets if not 1 <= b < budget]
+        if bad:
+            raise ValueError(
+                f"StaticDraftTree's smaller_budgets must lie in [1, budget={budget}); got {bad}"
             )
         self.head = head
         self.block_size = int(block_size)
@@ -95,21 +103,21 @@ class StaticDraftTree:
         self.temperature = check_tree_temperature(temperature)
         self.budget = int(budget)
         dev = head.weight.device
-        depths, width = self.block_size - 1, self.budget + 1
+        depths = self.block_size - 1
         self.logq = torch.empty((max_bs, depths, self.k), dtype=torch.float32, device=dev)
         self.ids = torch.empty((max_bs, depths, self.k), dtype=torch.int64, device=dev)
-        self.tokens = torch.empty((max_bs, width), dtype=torch.int64, device=dev)
-        self.parents = torch.empty_like(self.tokens)
-        self.depths = torch.empty_like(self.tokens)
-        self.scores = torch.empty((max_bs, width), dtype=torch.float32, device=dev)
-        self.num_nodes = torch.empty((max_bs,), dtype=torch.int64, device=dev)
+        self.trees = {
+            b: _tree_buffers(max_bs, b + 1, depths, dev)
+            for b in (self.budget, *sorted({int(b) for b in smaller_budgets}, reverse=True))
+        }
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> None:
         """``hidden_states [bs * B, H]`` and ``input_ids [bs * B]`` of the drafter's block pass."""
         bs = hidden_states.shape[0] // self.block_size
+        roots = input_ids.view(bs, self.block_size)[:, 0]
         logq, ids, tree = draft_tree(
             hidden_states.view(bs, self.block_size, -1),
-            input_ids.view(bs, self.block_size)[:, 0],
+            roots,
             self.head,
             k=self.k,
             temperature=self.temperature,
@@ -117,21 +125,33 @@ class StaticDraftTree:
         )
         self.logq[:bs].copy_(logq)
         self.ids[:bs].copy_(ids)
-        self.tokens[:bs].copy_(tree.tokens)
-        self.parents[:bs].copy_(tree.parents)
-        self.depths[:bs].copy_(tree.depths)
-        self.scores[:bs].copy_(tree.scores)
-        self.num_nodes[:bs].copy_(tree.num_nodes)
+        for b, out in self.trees.items():
+            # A smaller budget's tree from the same top-K: the server's K covers every smaller
+            # budget's exact K, and ranks beyond it are never popped (build_ddtree_from_topk).
+            built = tree if b == self.budget else build_ddtree_from_topk(logq, ids, b, roots)
+            for f in TREE_FIELDS:
+                getattr(out, f)[:bs].copy_(getattr(built, f))
 
-    def outputs(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, DraftTree]:
-        """The last call's first ``bs`` rows: ``(logq, ids, tree)``, views of the static buffers
-        (the next call overwrites them)."""
-        tree = DraftTree(
-            tokens=self.tokens[:bs],
-            parents=self.parents[:bs],
-            depths=self.depths[:bs],
-            scores=self.scores[:bs],
-            num_nodes=self.num_nodes[:bs],
-            horizon=self.block_size - 1,
-        )
+    def outputs(
+        self, bs: int, budget: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, DraftTree]:
+        """The last call's first ``bs`` rows: ``(logq, ids, tree)`` at ``budget`` (default: the
+        sampler's), views of the static buffers (the next call overwrites them)."""
+        out = self.trees[self.budget if budget is None else budget]
+        tree = DraftTree(**{f: getattr(out, f)[:bs] for f in TREE_FIELDS}, horizon=out.horizon)
         return self.logq[:bs], self.ids[:bs], tree
+
+
+TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes")
+
+
+def _tree_buffers(max_bs: int, width: int, horizon: int, device) -> DraftTree:
+    tokens = torch.empty((max_bs, width), dtype=torch.int64, device=device)
+    return DraftTree(
+        tokens=tokens,
+        parents=torch.empty_like(tokens),
+        depths=torch.empty_like(tokens),
+        scores=torch.empty((max_bs, width), dtype=torch.float32, device=device),
+        num_nodes=torch.empty((max_bs,), dtype=torch.int64, device=device),
+        horizon=horizon,
+    )
