@@ -9,6 +9,9 @@
 #            cost table), the same checks, compared with the fixed part's e2e.json when it is there
 #            (--baseline); exits 1 unless the server's log shows the per-width verify states it built
 #            ("DDTREE budget by batch size: target verify states ...").
+# SWEEP_REQUESTS=R: requests per concurrency unit of each level (default 4; session 11's levels of 8
+# requests at C = 1 and 2 were too short to tell budgets apart within 5 %). ADAPTIVE_CONFIG=FILE
+# replaces the switching exercise with a measured table (e2e/adaptive_budgets_tiny_h200.json).
 # DIST_SAMPLES=N adds the 2-token samples `python -m e2e.sampling_check` tests against the target's
 # exact float32 law (offline, on the CPU). PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
 # The DDTREE servers run as a hybrid deployment would: MODS (default +graphs+patched+replayssm: CUDA
@@ -22,7 +25,7 @@ export PYTHONUNBUFFERED=1
 MODS=${MODS-+graphs+patched+replayssm}
 PARTS=${PARTS:-fixed adaptive}
 common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
-  --graph-bs "${GRAPH_BS:-16}" --sweep "${SWEEP:-1,2,4,8,16}")
+  --graph-bs "${GRAPH_BS:-16}" --sweep "${SWEEP:-1,2,4,8,16}" --sweep-requests "${SWEEP_REQUESTS:-4}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
   dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)
@@ -40,7 +43,7 @@ if [[ " $PARTS " == *" adaptive "* ]]; then
   timeout "${ADAPTIVE_LIMIT_S:-300}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/adaptive" \
     "${common[@]}" "${baseline[@]}" --servers "ddtree63${MODS}" \
     --server-arg speculative-adaptive \
-    --server-arg "speculative-adaptive-config=$PWD/e2e/adaptive_budgets_tiny.json" >"$OUT/adaptive.log" 2>&1
+    --server-arg "speculative-adaptive-config=${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/adaptive.log" 2>&1
   echo "adaptive rc $?" | tee -a "$OUT/adaptive.log"
   "$SGLANG_KIT_PYTHON" -c 'import json, sys
 ok = True

@@ -213,9 +213,9 @@ def exercise(res, srv, prompts, args, label):
                 "--concurrency",
                 args.sweep,
                 "--requests-per-concurrency",
-                "4",
+                str(args.sweep_requests),
                 "--min-requests",
-                "8",
+                str(2 * args.sweep_requests),
                 "--max-new-tokens",
                 "128",
                 "--ignore-eos",
@@ -325,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         "server, then write <out>/report (python -m loadtests.compare)",
     )
     ap.add_argument(
+        "--sweep-requests",
+        type=int,
+        default=4,
+        metavar="R",
+        help="requests per concurrency unit of each sweep level (C x R, at least 2 x R; default "
+        "4: short levels, noisy at C <= 2)",
+    )
+    ap.add_argument(
         "--baseline",
         help="e2e.json of an earlier run whose AR server's greedy texts serve as "
         "reference when this run has no AR server",
@@ -365,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
             raise kit.HarnessError(
                 f"--abort-check {args.abort_check}: give 0 (off) or at least "
                 f"{slots.ABORT_EVERY} streams (a quarter of them are aborted)"
+            )
+        if args.sweep_requests < 1:
+            raise kit.HarnessError(
+                f"--sweep-requests {args.sweep_requests}: give at least 1 request per "
+                "concurrency unit"
             )
         if args.abort_tokens <= slots.ABORT_AFTER_CHUNKS:
             raise kit.HarnessError(

@@ -195,6 +195,33 @@ def test_cli_refuses_bad_input_before_anything_runs(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "out").exists()
 
 
+def test_sweep_levels_take_the_requests_per_concurrency_given(tmp_path, monkeypatch):
+    """--sweep-requests R reaches the load test as R requests per concurrency unit, at least 2R
+    per level; the default stays 4 (8)."""
+    calls = []
+    monkeypatch.setattr(tiny_pair.subprocess, "run", lambda cmd, **_: calls.append(cmd))
+    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1,2", "--sweep-requests", "12") == 0
+    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1") == 0
+    sweeps = [c for c in calls if "loadtests.sweep" in c]
+    assert len(sweeps) == 2 and len(calls) == 4  # each run: its sweep, then the report
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1]
+
+    assert [flag(c, "--requests-per-concurrency") for c in sweeps] == ["12", "4"]
+    assert [flag(c, "--min-requests") for c in sweeps] == ["24", "8"]
+    assert flag(sweeps[0], "--concurrency") == "1,2"
+
+
+@pytest.mark.parametrize("bad", ["0", "-3"])
+def test_sweep_requests_below_one_are_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys, bad
+):
+    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1", "--sweep-requests", bad) == 2
+    assert f"--sweep-requests {bad}: give at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "out").exists()
+
+
 def test_agreement_counts_prompt_by_prompt_against_a_longer_baseline():
     """A run of 4 prompts judged against a baseline of 6 (an earlier call's AR server) compares the 4
     it has; session 3's first check printed "NO" for identical outputs because whole lists were
