@@ -11,7 +11,9 @@
 #            ("DDTREE budget by batch size: target verify states ...").
 # SWEEP_REQUESTS=R: requests per concurrency unit of each level (default 4; session 11's levels of 8
 # requests at C = 1 and 2 were too short to tell budgets apart within 5 %). ADAPTIVE_CONFIG=FILE
-# replaces the switching exercise with a measured table (e2e/adaptive_budgets_tiny_h200.json).
+# replaces the switching exercise with a measured table: between the two calls, on any machine,
+#   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
+# (give the device OUT=$OUT itself: it returns files at most 2 folders down, so fixed/sweeps/ comes back).
 # DIST_SAMPLES=N adds the 2-token samples `python -m e2e.sampling_check` tests against the target's
 # exact float32 law (offline, on the CPU). PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
 # The DDTREE servers run as a hybrid deployment would: MODS (default +graphs+patched+replayssm: CUDA
