@@ -1203,6 +1203,86 @@ def test_simulated_acceptance_env():
     assert build(**{**real, ENV_SIMULATE_ACC_LEN: "-1"}).simulated_accept_len is None
 
 
+def test_simulated_acceptance_by_budget_env():
+    """SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET: budget:tau pairs, sorted, kept by for_budget, each
+    budget reading its own; it refines SGLang's simulation, so that must be on."""
+    from sglang_spec.plugin.config import ENV_SIMULATE_ACC_BY_BUDGET, ENV_SIMULATE_ACC_LEN
+
+    def build(width=32, **env):
+        return DDTreeConfig.build(block_size=16, verify_width=width, environ=env)
+
+    on = {ENV_SIMULATE_ACC_LEN: "4"}
+    assert build(**on).simulated_accept_by_budget is None
+    assert build(**on).simulated_accept_here is None  # SGLang's own draw
+    cfg = build(**on, **{ENV_SIMULATE_ACC_BY_BUDGET: " 31:4.01, 7:3.17,15:3"})
+    assert cfg.simulated_accept_by_budget == ((7, 3.17), (15, 3.0), (31, 4.01))
+    assert cfg.simulated_accept_here == 4.01
+    assert cfg.for_budget(7).simulated_accept_here == 3.17
+    assert cfg.for_budget(3).simulated_accept_here is None  # refused at start-up (below)
+    for bad in ("7", "7:", "x:3", "0:3", "7:0.5", "7:inf", "7:3,7:4", "7:3;15:3"):
+        with pytest.raises(DDTreeConfigError) as refused:
+            build(**on, **{ENV_SIMULATE_ACC_BY_BUDGET: bad})
+        msg = str(refused.value)
+        assert msg.startswith(f"{ENV_SIMULATE_ACC_BY_BUDGET}={bad!r}: bad ") and "\n" not in msg
+        assert msg.endswith("tau a number >= 1).")
+    with pytest.raises(DDTreeConfigError) as refused:
+        build(**{ENV_SIMULATE_ACC_BY_BUDGET: "7:3"})
+    assert str(refused.value) == (
+        f"{ENV_SIMULATE_ACC_BY_BUDGET}='7:3' needs {ENV_SIMULATE_ACC_LEN} > 0 (SGLang's benchmark "
+        "simulation, which it refines per budget); valid: set both, or neither."
+    )
+
+
+@pytest.mark.usefixtures("loaded")
+def test_simulated_acceptance_by_budget_covers_every_budget_at_start_up(
+    models, tmp_path, monkeypatch
+):
+    """handle_server_args: a tau for every budget the server runs (the width's, or every
+    candidate of --speculative-adaptive-config), at most the min(L, B) + 1 tokens its tree
+    accepts."""
+    from sglang_spec.plugin.config import ENV_SIMULATE_ACC_BY_BUDGET, ENV_SIMULATE_ACC_LEN
+
+    monkeypatch.setenv(ENV_SIMULATE_ACC_LEN, "4")
+    path = _budget_file(tmp_path, {"1": {"3": 30, "31": 40}})
+    adaptive = ("--speculative-adaptive", "--speculative-adaptive-config", path)
+    cases = [
+        (
+            "3:3.5",
+            adaptive,
+            r"has no tau for budget\(s\) \[31\]; valid: one for every budget the "
+            r"server runs \[3, 31\]\.$",
+        ),
+        (
+            "3:4.5,31:4",
+            adaptive,
+            r": tau 4.5 for budget 3 exceeds the 4 tokens a step of that tree "
+            r"can accept; valid: 1\.\.4\.$",
+        ),
+        ("3:3", ("--speculative-num-draft-tokens", "16"), r"has no tau for budget\(s\) \[15\]"),
+    ]
+    for value, extra, msg in cases:
+        monkeypatch.setenv(ENV_SIMULATE_ACC_BY_BUDGET, value)
+        with pytest.raises(DDTreeConfigError, match=msg):
+            _resolve(models, *extra)
+    for value, extra in (
+        ("3:4,31:8", adaptive),
+        ("15:8,3:2", ("--speculative-num-draft-tokens", "16")),
+    ):
+        monkeypatch.setenv(ENV_SIMULATE_ACC_BY_BUDGET, value)
+        cfg, _ = _resolve(models, *extra)  # accepted: at the limit (L = 7 for draft8)
+        assert DDTreeConfig.from_spec(cfg).simulated_accept_by_budget is not None
+
+
+def test_draw_simulated_accept_len_is_sglangs_draw():
+    """adapter.draw_simulated_accept_len: SGLang's own host-side draw, in 1..max_len."""
+    from sglang_spec.plugin import adapter
+
+    draws = [adapter.draw_simulated_accept_len(2.5, 4) for _ in range(400)]
+    assert all(isinstance(d, int) and 1 <= d <= 4 for d in draws)
+    assert len(set(draws)) > 1 and 2.2 < sum(draws) / len(draws) < 2.8
+    assert {adapter.draw_simulated_accept_len(9.0, 4) for _ in range(20)} == {4}
+
+
 def test_walk_stage_applies_simulated_acceptance(monkeypatch):
     from sglang_spec.plugin import worker as worker_mod
 
@@ -1231,6 +1311,16 @@ def test_walk_stage_applies_simulated_acceptance(monkeypatch):
     assert walked.predict is predict
     assert walked.accept_lens.tolist() == [3, 3]
     assert walked.accept_index.tolist() == [[0, 2, 3, -1], [5, 6, 7, -1]]
+    # per budget: this budget's (4) own draw, from its tau, up to min(L, B) + 1 = 4 tokens
+    draws = []
+    monkeypatch.setattr(
+        worker_mod.adapter, "draw_simulated_accept_len", lambda *a: draws.append(a) or 2
+    )
+    worker.config = replace(worker.config, simulated_accept_by_budget=((2, 1.5), (4, 2.25)))
+    walked = worker.walk_stage(batch, tree, "verify_input", verified)
+    assert draws == [(2.25, 4)]
+    assert walked.accept_lens.tolist() == [2, 2] and walked.accept_lens.dtype == torch.int32
+    assert walked.accept_index.tolist() == [[0, 2, -1, -1], [5, 6, -1, -1]]
 
 
 # ------------------------------------------- SGLANG_DDTREE_STAGE_TIMES (profiling only)

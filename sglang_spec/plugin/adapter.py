@@ -255,6 +255,10 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.lora.layers:unwrap_lora_layer": Sig(("module",)),
     f"{_SPEC_UTILS}:draft_tp_context": Sig(("layout",)),
     f"{_SPEC_UTILS}:GrammarTree": Exists(),
+    f"{_SPEC_UTILS}:SIMULATE_ACC_METHOD": Exists(),
+    f"{_SPEC_UTILS}:sample_simulated_acc_len": Sig(
+        ("simulate_acc_len", "simulate_acc_method", "max_len")
+    ),
     f"{_SPEC_UTILS}:GrammarTree.from_device": Sig(
         ("retrieve_next_token", "retrieve_next_sibling", "draft_token")
     ),
@@ -945,6 +949,15 @@ def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
     slot0 = torch.zeros(config["num_locs_upper"], dtype=torch.int64, device=pool.device)
     pool.move_kv_cache(slot0, slot0)
     return True
+
+
+def draw_simulated_accept_len(tau: float, max_len: int) -> int:
+    """One step's simulated acceptance length in ``1..max_len`` around ``tau``, drawn as SGLang
+    draws its ``SGLANG_SIMULATE_ACC_LEN`` (``spec_utils.sample_simulated_acc_len`` with its
+    ``SIMULATE_ACC_METHOD``), on the host."""
+    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_METHOD, sample_simulated_acc_len
+
+    return int(sample_simulated_acc_len(tau, SIMULATE_ACC_METHOD, max_len))
 
 
 # ----------------------------------------------- the target LM head under tensor parallelism

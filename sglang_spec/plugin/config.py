@@ -37,6 +37,11 @@ processes, which inherit the launcher's environment.
   accepts a drawn ~n tokens along the tree's best path, whatever the target says. Benchmarks
   only: the output tokens are meaningless (``sglang_spec.plugin.simulate``). Only
   ``SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed`` (the default) is supported.
+* ``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET=B:n,B:n,...`` (with ``SGLANG_SIMULATE_ACC_LEN`` on):
+  each candidate budget ``B`` its own drawn ~n tokens per step, drawn as SGLang draws its own
+  (``SGLANG_SIMULATE_ACC_METHOD``), so a budget-by-batch-size server is timed at a stated tau per
+  budget. Benchmarks only; every budget the server can run must be listed, with
+  ``1 <= n <= min(L, B) + 1``.
 * ``SGLANG_DDTREE_STAGE_TIMES=/path/file.jsonl``: append per-stage host and GPU times of every
   decode step there (``sglang_spec.plugin.stage_times``; profiling only).
 * ``SGLANG_DDTREE_SYNC_CHECK=warn|error``: run every decode step under
@@ -69,6 +74,7 @@ ENV_TOPK = "SGLANG_DDTREE_TOPK"
 ENV_TREE_TEMPERATURE = "SGLANG_DDTREE_TREE_TEMPERATURE"
 ENV_SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
 ENV_SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
+ENV_SIMULATE_ACC_BY_BUDGET = "SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET"
 ENV_STAGE_TIMES = "SGLANG_DDTREE_STAGE_TIMES"
 ENV_SYNC_CHECK = "SGLANG_DDTREE_SYNC_CHECK"
 SYNC_CHECK_MODES = ("warn", "error")
@@ -103,6 +109,8 @@ class DDTreeConfig:
     tree_temperature: float  # tau
     # SGLANG_SIMULATE_ACC_LEN when on (> 0): forced acceptance for benchmarks, else None
     simulated_accept_len: float | None = None
+    # SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET: ((budget, tau), ...) drawn per budget instead
+    simulated_accept_by_budget: tuple[tuple[int, float], ...] | None = None
     # SGLANG_DDTREE_STAGE_TIMES: the JSON-lines file per-stage decode times go to, else None
     stage_times_path: str | None = None
     # SGLANG_DDTREE_SYNC_CHECK: torch.cuda.set_sync_debug_mode around decode steps, else None
@@ -126,6 +134,12 @@ class DDTreeConfig:
         ``accept_index`` has ``max_depth + 1`` columns, and its tree compaction
         (``_compact_accept_to_front``) needs that to fit in the verify width."""
         return min(self.horizon, self.budget)
+
+    @property
+    def simulated_accept_here(self) -> float | None:
+        """This budget's own simulated tau (``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``), or None
+        when the drawn length is SGLang's (or the simulation is off)."""
+        return dict(self.simulated_accept_by_budget or ()).get(self.budget)
 
     @property
     def eagle_topk(self) -> int:
@@ -159,13 +173,17 @@ class DDTreeConfig:
         block = check_block_size(block_size)
         width = check_verify_width(verify_width)
         env = os.environ if environ is None else environ
+        simulated = parse_simulated_accept_len(
+            env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
+        )
         return cls(
             block_size=block,
             verify_width=width,
             topk_per_depth=parse_topk(env.get(ENV_TOPK), budget=width - 1, horizon=block - 1),
             tree_temperature=parse_tree_temperature(env.get(ENV_TREE_TEMPERATURE)),
-            simulated_accept_len=parse_simulated_accept_len(
-                env.get(ENV_SIMULATE_ACC_LEN), env.get(ENV_SIMULATE_ACC_TOKEN_MODE)
+            simulated_accept_len=simulated,
+            simulated_accept_by_budget=parse_simulated_accept_by_budget(
+                env.get(ENV_SIMULATE_ACC_BY_BUDGET), simulated
             ),
             stage_times_path=parse_stage_times_path(env.get(ENV_STAGE_TIMES)),
             sync_check=parse_sync_check(env.get(ENV_SYNC_CHECK)),
@@ -455,6 +473,56 @@ def parse_simulated_accept_len(raw: str | None, token_mode: str | None) -> float
     return n
 
 
+def parse_simulated_accept_by_budget(
+    raw: str | None, simulated: float | None
+) -> tuple[tuple[int, float], ...] | None:
+    """``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``: ``B:n,B:n,...`` -> ((B, n), ...) sorted by B
+    (unset or empty: off). It refines SGLang's simulation, so that must be on."""
+    if raw is None or raw.strip() == "":
+        return None
+    valid = (
+        "valid: budget:tau pairs, e.g. 7:3.2,15:3.0 (each budget once, an integer >= 1; "
+        "tau a number >= 1)"
+    )
+    pairs: dict[int, float] = {}
+    for item in raw.split(","):
+        budget, colon, tau = item.strip().partition(":")
+        try:
+            b, n = int(budget), float(tau)
+        except ValueError:
+            b, n = 0, 0.0
+        if not colon or b < 1 or not n >= 1 or n == float("inf") or b in pairs:
+            raise DDTreeConfigError(f"{ENV_SIMULATE_ACC_BY_BUDGET}={raw!r}: bad {item!r}; {valid}.")
+        pairs[b] = n
+    if simulated is None:
+        raise DDTreeConfigError(
+            f"{ENV_SIMULATE_ACC_BY_BUDGET}={raw!r} needs {ENV_SIMULATE_ACC_LEN} > 0 (SGLang's "
+            "benchmark simulation, which it refines per budget); valid: set both, or neither."
+        )
+    return tuple(sorted(pairs.items()))
+
+
+def check_simulated_budgets(config: DDTreeConfig, budgets: tuple[int, ...]) -> None:
+    """Every budget the server can run has its simulated tau, within what its tree can accept
+    (``min(L, B) + 1`` tokens, the bonus included)."""
+    if config.simulated_accept_by_budget is None:
+        return
+    taus = dict(config.simulated_accept_by_budget)
+    missing = [b for b in budgets if b not in taus]
+    if missing:
+        raise DDTreeConfigError(
+            f"{ENV_SIMULATE_ACC_BY_BUDGET} has no tau for budget(s) {missing}; valid: one for "
+            f"every budget the server runs {sorted(budgets)}."
+        )
+    for b in budgets:
+        most = min(config.horizon, b) + 1
+        if taus[b] > most:
+            raise DDTreeConfigError(
+                f"{ENV_SIMULATE_ACC_BY_BUDGET}: tau {taus[b]:g} for budget {b} exceeds the "
+                f"{most} tokens a step of that tree can accept; valid: 1..{most}."
+            )
+
+
 def parse_stage_times_path(raw: str | None) -> str | None:
     """The file ``SGLANG_DDTREE_STAGE_TIMES`` names (unset or empty: timing off)."""
     if raw is None or raw.strip() == "":
@@ -646,6 +714,12 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         block_size=block,
         verify_width=default_verify_width(block) if width is None else int(width),
     )
+    check_simulated_budgets(
+        config,
+        (config.budget,)
+        if adaptive_config is None
+        else load_budget_policy(adaptive_config).budgets,
+    )
     applied = applied_patches()
     check_kv_reserve(config.verify_width, block, RESERVE_PATCH in applied)
 
@@ -706,7 +780,9 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         config.verify_width,
         config.topk_per_depth,
         config.tree_temperature,
-        config.simulated_accept_len,
+        config.simulated_accept_len
+        if config.simulated_accept_by_budget is None
+        else dict(config.simulated_accept_by_budget),
         decode_backend,
     )
     if adaptive_config is None and config.budget == config.horizon:

@@ -507,7 +507,12 @@ class DDTreeWorker(DFlashWorkerV2):
                 batch, verify_input, logits, verified.grammar_mask
             )
         if self.config.simulated_accept_len is not None:
-            # Benchmarks only: keep the length eagle_sample drew, accept along the best path.
+            # Benchmarks only: keep the length eagle_sample drew (or draw this budget's own),
+            # accept along the best path.
+            tau = self.config.simulated_accept_here
+            if tau is not None:
+                drawn = adapter.draw_simulated_accept_len(tau, self.config.max_depth + 1)
+                accept_lens = torch.full_like(accept_lens, drawn)
             accept_lens, accept_index = simulated_acceptance(
                 tree, accept_lens, self.config.verify_width
             )
