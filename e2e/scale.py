@@ -21,7 +21,10 @@ and the plot.
 A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
 algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs ``b=BUDGET``);
 options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
-benchmark knob; not for AR), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
+benchmark knob; not for AR), for DDTREE also ``acc=B@TAU/B@TAU...`` (a tau per budget,
+``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``, with the largest as SGLang's knob),
+``adaptive=FILE`` (DDTREE budget by batch size: ``--speculative-adaptive`` with FILE as its config;
+the budget is the file's largest, ``b=`` may be left out), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
 ``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
 states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
 NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: its capacity without per-draft-
@@ -65,7 +68,7 @@ from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 LEVELS = (1, 2, 4, 8, 16, 32)
 ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
 FLAG_OPTIONS = {"no-overlap", "no-replayssm", "replayssm", "stages"}
-VALUE_OPTIONS = {"b", "acc", "tp", "profile"}
+VALUE_OPTIONS = {"b", "acc", "tp", "profile", "adaptive"}
 # What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
 # no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
 # memory beside 50 GB of weights), room for the KV pool and the GDN state, a short context.
@@ -88,27 +91,39 @@ class ServerSpec:
     tp: int | None = None
     flags: tuple[str, ...] = ()  # sorted FLAG_OPTIONS
     profile: tuple[int, ...] = ()
+    acc_by_budget: tuple[tuple[int, float], ...] = ()  # acc=B@TAU/...; then acc = the largest TAU
+    adaptive: str | None = None  # adaptive=FILE: the budget config's path
 
     @property
     def speculative(self) -> bool:
         return self.algorithm in kit.SPECULATIVE
 
     @property
+    def acc_text(self) -> str | None:
+        if self.acc_by_budget:
+            return "/".join(f"{b}@{t:g}" for b, t in self.acc_by_budget)
+        return None if self.acc is None else f"{self.acc:g}"
+
+    @property
     def variant(self) -> str:
-        return "+".join(self.flags)
+        parts = list(self.flags)
+        parts += [f"adaptive={Path(self.adaptive).stem}"] if self.adaptive else []
+        parts += [f"acc={self.acc_text}"] if self.acc_by_budget else []
+        return "+".join(parts)
 
     @property
     def label(self) -> str:
         parts = [self.shape.name, self.algorithm.lower()]
         parts += [f"b={self.budget}"] if self.budget is not None else []
-        parts += [f"acc={self.acc:g}"] if self.acc is not None else []
+        parts += [f"acc={self.acc_text}"] if self.acc is not None else []
+        parts += [f"adaptive={Path(self.adaptive).stem}"] if self.adaptive else []
         parts += [f"tp={self.tp}"] if self.tp is not None else []
         return ":".join(parts + list(self.flags))
 
     @property
     def slug(self) -> str:
         """``label`` as a file name."""
-        return self.label.replace(":", "_").replace("=", "")
+        return self.label.replace(":", "_").replace("=", "").replace("/", "_")
 
 
 def parse_spec(text: str) -> ServerSpec:
@@ -138,18 +153,29 @@ def parse_spec(text: str) -> ServerSpec:
             flags.add(opt)
         else:
             raise argparse.ArgumentTypeError(
-                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU, tp=N, profile=C[,C], "
+                f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU or "
+                f"acc=B@TAU/B@TAU..., tp=N, profile=C[,C], adaptive=FILE, "
                 f"{', '.join(sorted(FLAG_OPTIONS))} (each once)"
             )
+    acc_by_budget = _acc_by_budget(text, values.get("acc"))
+    if acc_by_budget:
+        values["acc"] = str(max(t for _, t in acc_by_budget))
+    adaptive, budget = _adaptive(text, values.get("adaptive"), _number(text, values, "b", int, 1))
     spec = ServerSpec(
         shape=shape,
         algorithm=algorithm.upper(),
-        budget=_number(text, values, "b", int, 1),
+        budget=budget,
         acc=_number(text, values, "acc", float, 1.0),
         tp=_number(text, values, "tp", int, 1),
         flags=tuple(sorted(flags)),
         profile=_profile_levels(text, values.get("profile")),
+        acc_by_budget=acc_by_budget,
+        adaptive=adaptive,
     )
+    if (acc_by_budget or adaptive) and spec.algorithm != "DDTREE":
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: acc=B@TAU/... and adaptive= apply to ddtree only"
+        )
     max_budget = 255 if shape.hybrid else MAX_VERIFY_WIDTH - 1
     if spec.algorithm == "DDTREE" and spec.budget is None:
         raise argparse.ArgumentTypeError(f"server {text!r}: ddtree needs b=BUDGET, e.g. b=15")
@@ -170,6 +196,45 @@ def parse_spec(text: str) -> ServerSpec:
     if "stages" in flags and spec.algorithm not in ("DDTREE", "DFLASH"):
         raise argparse.ArgumentTypeError(f"server {text!r}: stages applies to ddtree and dflash")
     return spec
+
+
+def _acc_by_budget(text: str, value: str | None) -> tuple[tuple[int, float], ...]:
+    """``acc=B@TAU/B@TAU...`` -> ((B, TAU), ...) sorted by B; () for ``acc=TAU`` or none."""
+    if value is None or "@" not in value:
+        return ()
+    pairs: dict[int, float] = {}
+    for item in value.split("/"):
+        b, at, t = item.partition("@")
+        try:
+            budget, tau = int(b), float(t)
+        except ValueError:
+            budget, tau = 0, 0.0
+        if not at or budget < 1 or not 1 <= tau < math.inf or budget in pairs:
+            raise argparse.ArgumentTypeError(
+                f"server {text!r}: acc={value!r}: bad {item!r}; valid: BUDGET@TAU pairs joined by "
+                "/, e.g. acc=7@3.2/15@3 (each budget once, TAU >= 1)"
+            )
+        pairs[budget] = tau
+    return tuple(sorted(pairs.items()))
+
+
+def _adaptive(text: str, value: str | None, budget: int | None) -> tuple[str | None, int | None]:
+    """``adaptive=FILE`` -> (its absolute path, the server's budget: the file's largest, which a
+    given ``b=`` must equal); (None, budget) without it."""
+    if value is None:
+        return None, budget
+    from sglang_spec.plugin.config import load_budget_policy
+
+    try:
+        largest = max(load_budget_policy(value).budgets)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"server {text!r}: adaptive=: {e}") from None
+    if budget is not None and budget != largest:
+        raise argparse.ArgumentTypeError(
+            f"server {text!r}: b={budget} disagrees with adaptive={value}, whose largest budget "
+            f"is {largest}; valid: b={largest} or no b="
+        )
+    return str(Path(value).resolve()), largest
 
 
 def _number(text: str, values: dict, name: str, kind: type, lo: float):
@@ -245,9 +310,16 @@ def server_config(
         ours["enable-linear-replayssm-spec"] = False
     if "replayssm" in spec.flags:
         ours["enable-linear-replayssm-spec"] = True
+    if spec.adaptive is not None:
+        ours["speculative-adaptive"] = True
+        ours["speculative-adaptive-config"] = spec.adaptive
     env = {}
     if spec.acc is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"
+    if spec.acc_by_budget:
+        env["SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET"] = ",".join(
+            f"{b}:{t:g}" for b, t in spec.acc_by_budget
+        )
     if "stages" in spec.flags:
         env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
     if spec.profile:  # a decode trace starts at the first batch of at least this many requests

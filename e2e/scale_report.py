@@ -41,7 +41,9 @@ def server_name(rec: dict) -> str:
     name = rec["algorithm"] + (f"({rec['budget']})" if rec["budget"] is not None else "")
     extras = [rec["variant"]] if rec.get("variant") else []
     extras += [f"TP {rec['tp']}"] if (rec["tp"] or 1) > 1 else []
-    extras += [f"τ {rec['simulated_accept_len']:g} sim."] if rec["simulated_accept_len"] else []
+    per_budget = "acc=" in (rec.get("variant") or "")  # the variant names each budget's tau
+    if rec["simulated_accept_len"] and not per_budget:
+        extras += [f"τ {rec['simulated_accept_len']:g} sim."]
     return name + (f" [{', '.join(extras)}]" if extras else "")
 
 

@@ -217,6 +217,14 @@ def test_level_tables_on_canned_records():
     assert "| AR | 1 | 8 | - | 100.0 | 1.00 | 9.0 |" in lines
 
 
+def test_server_name_of_an_adaptive_server_at_a_tau_per_budget():
+    """Its variant names each budget's tau; the record's simulated_accept_len (SGLang's knob, the
+    largest tau) is not shown as the server's tau."""
+    variant = "adaptive=a27b+acc=7@3.17/63@4.23"
+    rec = _rec("DDTREE", 1, budget=63, ms=30.0, simulated_accept_len=4.23, variant=variant)
+    assert scale_report.server_name(rec) == f"DDTREE(63) [{variant}]"
+
+
 def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
     run1, run2 = tmp_path / "run1", tmp_path / "run2"
     records.save(run1 / "scale.json", CANNED[:4])

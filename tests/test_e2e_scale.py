@@ -99,6 +99,62 @@ def test_parse_spec_refuses(text, says):
     assert says in str(e.value) and repr(text) in str(e.value)
 
 
+ADAPTIVE_27B = Path(__file__).parents[1] / "benchmarks/results/adaptive_budget_qwen3.6-27b.json"
+
+
+def test_adaptive_server_at_a_tau_per_budget(tmp_path, monkeypatch, sglang_parse):
+    """adaptive=FILE: --speculative-adaptive with FILE, the budget its largest; acc=B@TAU/...: a
+    tau per budget for DDTREE, the largest as SGLang's knob; both named in variant and label."""
+    text = f"qwen3.6-27b:ddtree:adaptive={ADAPTIVE_27B}:acc=63@4.23/7@3.17/15@3/31@4.01:stages"
+    spec = scale.parse_spec(text)
+    assert spec.budget == 63 and spec.acc == 4.23 and spec.adaptive == str(ADAPTIVE_27B)
+    assert spec.acc_by_budget == ((7, 3.17), (15, 3.0), (31, 4.01), (63, 4.23))
+    assert (
+        spec.variant
+        == "stages+adaptive=adaptive_budget_qwen3.6-27b+acc=7@3.17/15@3/31@4.01/63@4.23"
+    )
+    assert "/" not in spec.slug and "=" not in spec.slug
+    monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
+    ns = argparse.Namespace(graph_bs=32, max_running_requests=32, server_arg=None)
+    cfg = scale.server_config(spec, tmp_path / "t", tmp_path / "d", ns, tmp_path)
+    assert cfg.args["speculative-adaptive"] is True
+    assert cfg.args["speculative-adaptive-config"] == str(ADAPTIVE_27B)
+    assert cfg.args["speculative-num-draft-tokens"] == 64
+    assert cfg.env["SGLANG_SIMULATE_ACC_LEN"] == "4.23"
+    assert cfg.env["SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET"] == "7:3.17,15:3,31:4.01,63:4.23"
+    sa = sglang_parse(
+        kit.Server(cfg, tmp_path / "log", launcher="python -m sglang.launch_server").cmd[3:]
+    )
+    assert sa.speculative_adaptive_config == str(ADAPTIVE_27B)
+    # a plain tau stays SGLang's alone
+    plain = scale.parse_spec("qwen3.6-27b:ddtree:b=15:acc=3")
+    assert plain.acc_by_budget == () and plain.variant == "" and plain.label.endswith("acc=3")
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("acc=7@3/7@4", "bad '7@4'; valid: BUDGET@TAU pairs joined by /"),
+        ("acc=7@0.5", "bad '7@0.5'"),
+        ("acc=x@3", "bad 'x@3'"),
+        ("acc=7@3/15", "bad '15'"),
+        (f"adaptive={ADAPTIVE_27B}:b=31", "b=31 disagrees with adaptive="),
+        (
+            "adaptive=/nonexistent.json",
+            "adaptive=: --speculative-adaptive-config='/nonexistent.json'",
+        ),
+    ],
+)
+def test_adaptive_and_tau_per_budget_refusals(option, says):
+    text = f"qwen3.6-27b:ddtree:{option}" + ("" if "adaptive" in option else ":b=15")
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        scale.parse_spec(text)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    for other in ("dflash:acc=7@3", f"nextn:adaptive={ADAPTIVE_27B}"):
+        with pytest.raises(argparse.ArgumentTypeError, match="apply to ddtree only"):
+            scale.parse_spec(f"qwen3.6-27b:{other}")
+
+
 def test_cli_refuses_bad_input_before_anything_runs(tmp_path, capsys):
     for argv in (
         ["--servers", "qwen3.6-27b:ddtree", "--out", str(tmp_path)],
