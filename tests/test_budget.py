@@ -130,6 +130,23 @@ def test_tau_is_an_ema_of_the_measured_budgets():
         ctl.observe(63, [1.0, 2.0], num_requests=1)
 
 
+def test_without_nesting_a_step_measures_only_its_own_budget():
+    """nested=False (a simulated tau per budget): every candidate is explored at its own budget
+    and keeps the tau its own steps gave."""
+    policy = BudgetPolicy.from_dict({**TABLE, "warmup_steps": 1, "probe_interval": 0})
+    ctl = BudgetController(policy, horizon=L, nested=False)
+    assert [ctl.measured_by(b) for b in (3, 7, 15, 31, 63)] == [(3,), (7,), (15,), (31,), (63,)]
+    seen = []
+    for _ in range(3):  # bucket 4 = {7, 15, 31}: each explored by a step at itself
+        b = ctl.choose(4)
+        seen.append(b)
+        ctl.observe(b, [4.0 * {7: 3.0, 15: 3.0, 31: 4.0}[b]], 4)
+    assert sorted(seen) == [7, 15, 31]
+    assert ctl.tau == {7: 3.0, 15: 3.0, 31: 4.0}
+    with pytest.raises(ValueError, match=r"budget 31 measures budgets \[31\]; got 2"):
+        ctl.observe(31, [1.0, 2.0], num_requests=1)
+
+
 def test_unmeasured_candidates_are_explored_then_probed():
     policy = BudgetPolicy.from_dict({**TABLE, "warmup_steps": 2, "probe_interval": 4})
     ctl = BudgetController(policy, horizon=L)

@@ -1088,6 +1088,13 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="a step of 1 requests measured, results of 2 reported"):
         w.on_verify_complete_cpu([0, 0], batch_size=2)
     assert [name for name, _ in calls[1:8]] == list(STAGES)
+    assert w.budgets.nested and w.budgets.measured_by(4) == (3, 4)
+    # a simulated tau per budget: each step measures only the budget it ran
+    w.config = replace(
+        w.config, simulated_accept_len=2.5, simulated_accept_by_budget=((3, 2.0), (4, 2.5))
+    )
+    w.init_budgets()
+    assert not w.budgets.nested and w.budgets.measured_by(4) == (4,)
 
 
 # ------------------------------------------ SGLANG_SIMULATE_ACC_LEN (benchmarks only)

@@ -189,14 +189,21 @@ class BudgetController:
 
     ``horizon`` is the drafter's L (it decides which budgets a step measures);
     ``cuda_graph_bs`` the server's CUDA-graph batch sizes (None: graphs off), to which a batch is
-    padded before its bucket is looked up.
+    padded before its bucket is looked up. ``nested=False`` makes a step measure only its own
+    budget: under a simulated tau per budget (benchmarks), the accepted path is drawn for the
+    budget that ran and says nothing of the trees nested in it.
     """
 
     def __init__(
-        self, policy: BudgetPolicy, horizon: int, cuda_graph_bs: Sequence[int] | None = None
+        self,
+        policy: BudgetPolicy,
+        horizon: int,
+        cuda_graph_bs: Sequence[int] | None = None,
+        nested: bool = True,
     ):
         self.policy = policy
         self.horizon = int(horizon)
+        self.nested = nested
         self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
         self.tau: dict[int, float] = {}  # budget -> EMA of accepted tokens per request per step
         self.evidence: dict[int, int] = {}  # budget -> steps that measured it
@@ -214,6 +221,8 @@ class BudgetController:
 
     def measured_by(self, budget: int) -> tuple[int, ...]:
         """The candidate budgets one step at ``budget`` measures (nested trees), ascending."""
+        if not self.nested:
+            return (budget,)
         L = self.horizon
         return tuple(b for b in self.policy.budgets if b <= budget and (b >= L or budget < L))
 

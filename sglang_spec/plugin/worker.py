@@ -176,7 +176,13 @@ class DDTreeWorker(DFlashWorkerV2):
     def init_budgets(self) -> None:
         """Budget by batch size: the controller and every candidate budget's config."""
         policy = load_budget_policy(self.config.adaptive_config)
-        self.budgets = BudgetController(policy, self.config.horizon, adapter.decode_cuda_graph_bs())
+        self.budgets = BudgetController(
+            policy,
+            self.config.horizon,
+            adapter.decode_cuda_graph_bs(),
+            # a simulated tau per budget: each step's path is drawn for the budget that ran
+            nested=self.config.simulated_accept_by_budget is None,
+        )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
         # (budget, host sums per measured budget, requests) of each decode step whose results the
