@@ -11,9 +11,9 @@ with its log-normaliser, and builds the best-first tree of ``budget`` nodes
 graph's hidden states and input ids at capture and replay (SGLang's draft-sampler contract: the
 bonus token is block position 0 of the input ids), it writes the top-K and the tree into buffers
 allocated once for the largest captured batch, of which a replay at batch size ``bs`` writes the
-first ``bs`` rows; given smaller budgets too, it builds their trees from the same top-K. The serving side (``sglang_spec.plugin.draft_sampler``) builds it from the
-target's LM head and reads its outputs only after a replay; without a graph it calls
-:func:`draft_tree` itself.
+first ``bs`` rows; given smaller budgets too, it builds their trees from the same top-K. The
+serving side (``sglang_spec.plugin.draft_sampler``) builds it from the target's LM head and reads
+its outputs only after a replay; without a graph it calls :func:`draft_tree` itself.
 
 Plain torch (Triton on CUDA through the tree build), no serving framework.
 """
