@@ -1636,6 +1636,98 @@ def test_sync_check_warn_counts_every_sync_of_every_step(monkeypatch):
     assert [str(x.message) for x in outside] == ["something else"] * 2
 
 
+@pytest.mark.usefixtures("loaded")
+def test_worker_starts_in_sglangs_own_scheduler_order(models, monkeypatch):
+    """SGLang's own ``Scheduler.init_model_worker`` -- the target worker, then the draft worker
+    (ours, through the registered algorithm), then the target's pools, then the draft worker's --
+    over stub runners and a stub DFlashWorkerV2 body, up to the attention backends. The DDTREE
+    worker must reach for nothing before the scheduler has made it: session 10's KV-move cap read
+    the target's allocator in ``__init__`` and crashed every DDTREE server on the H200."""
+    from types import MethodType
+
+    from sglang.srt.managers import scheduler as sched_mod
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    class Stop(Exception):
+        pass
+
+    events = []
+    kv = object()
+    runner = SimpleNamespace(
+        memory_pool_config=None,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=None,  # what TpModelWorker's runner has before its pools
+        account_preloaded_weights=lambda _bytes: None,
+    )
+
+    def target_pools(**_kw):  # TpModelWorker.alloc_memory_pool
+        runner.memory_pool_config, runner.req_to_token_pool = "pool config", "req pool"
+        runner.token_to_kv_pool_allocator = SimpleNamespace(get_kvcache=lambda: kv)
+        events.append("target pools")
+
+    tp_worker = SimpleNamespace(
+        model_runner=runner,
+        preloaded_weights_bytes=0,
+        alloc_memory_pool=target_pools,
+        get_memory_pool=lambda: (runner.req_to_token_pool, runner.token_to_kv_pool_allocator),
+    )
+
+    def upstream_init(self, server_args, gpu_id, nccl_port, target_worker):  # noqa: ARG001
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner  # dflash_worker_v2.py:401
+        self.draft_parallel_layout = None
+        self.speculative_num_draft_tokens = 32
+        events.append("draft worker")
+
+    cfg = DDTreeConfig(block_size=16, verify_width=32, topk_per_depth=4, tree_temperature=0.75)
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", upstream_init)
+    monkeypatch.setattr(DFlashWorkerV2, "preloaded_weights_bytes", 0)
+    monkeypatch.setattr(
+        DFlashWorkerV2, "alloc_memory_pool", lambda _self, *_a, **_kw: events.append("draft pools")
+    )
+    monkeypatch.setattr(DFlashWorkerV2, "init_hicache_draft_plan", lambda _self: None)
+    monkeypatch.setattr(worker_mod, "runtime_config", lambda: cfg)
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=1, tp_group=0))
+    monkeypatch.setattr(adapter, "resize_draft_block", lambda _w, _b: None)
+    monkeypatch.setattr(adapter, "unsupported_drafter_head", lambda _w: None)
+    monkeypatch.setattr(adapter, "cap_kv_move_chunks", lambda pool: events.append(("cap", pool)))
+    monkeypatch.setattr(
+        sched_mod, "get_model", lambda: SimpleNamespace(is_startup_weight_load_overlap=False)
+    )
+    monkeypatch.setattr(sched_mod, "get_device", lambda: SimpleNamespace(gpu_id=0))
+    monkeypatch.setattr(
+        sched_mod.kv_cache_builder, "resolve_decode_retraction_backup", lambda **_kw: None
+    )
+
+    def init_tp_model_worker(self):
+        self.tp_worker = tp_worker
+        events.append("target worker")
+
+    def stop(_self):  # the attention backends and graphs need a GPU: the order is checked by now
+        raise Stop
+
+    _, server_args = _resolve(models, "--speculative-num-draft-tokens", "32")
+    fake = SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.from_string("DDTREE"),
+        server_args=server_args,
+        nccl_port=0,
+        enable_unified_memory=False,
+    )
+    for name in ("maybe_init_draft_worker", "init_memory_pools", "init_target_memory_pool"):
+        setattr(fake, name, MethodType(getattr(Scheduler, name), fake))  # SGLang's own
+    fake.init_tp_model_worker = MethodType(init_tp_model_worker, fake)
+    fake.init_all_attention_backends = MethodType(stop, fake)
+    with pytest.raises(Stop):
+        Scheduler.init_model_worker(fake)
+    assert isinstance(fake.draft_worker, worker_mod.DDTreeWorker)
+    assert events == ["target worker", "draft worker", "target pools", "draft pools", ("cap", kv)]
+
+
 @pytest.mark.parametrize(
     ("raw", "want"), [(None, None), ("", None), ("warn", "warn"), ("error", "error")]
 )
