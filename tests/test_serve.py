@@ -7,6 +7,7 @@ group can be checked.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -181,3 +182,41 @@ def test_ctrl_c_stops_the_process_group(fake):
     assert rc == 130
     assert "server stopped" in proc.stderr.read()
     assert _gone(server) and _gone(child)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_server_that_ignores_sigint_is_stopped_without_waiting_out_the_grace():
+    """A server started from a background job of a non-interactive shell ignores SIGINT (and so
+    do the fake servers of a suite run with `&`): the stop goes straight to SIGTERM instead of
+    waiting ``grace`` seconds for a SIGINT that never lands."""
+    code = "import sys, time; print('up', flush=True); time.sleep(120)"
+
+    def start(ignore_sigint):
+        def pre():
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL)
+
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=pre,
+        )
+        assert proc.stdout.readline() == "up\n"
+        return proc
+
+    for ignore_sigint in (True, False):
+        proc = start(ignore_sigint)
+        try:
+            assert launch.ignores_signal(proc.pid, signal.SIGINT) is ignore_sigint
+            assert launch.ignores_signal(proc.pid, signal.SIGTERM) is False
+            out = io.StringIO()
+            t0 = time.monotonic()
+            launch.stop_process_group(proc, grace=20, out=out)
+            assert time.monotonic() - t0 < 5 and proc.poll() is not None
+            assert "escalating" not in out.getvalue()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert launch.ignores_signal(2**22, signal.SIGINT) is False  # no such process

@@ -193,11 +193,27 @@ class _Stop(Exception):
     """Raised from the SIGTERM handler so that SIGTERM is handled like Ctrl-C."""
 
 
+def ignores_signal(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` ignores ``sig`` (Linux ``/proc/<pid>/status`` SigIgn; False where
+    it cannot tell). A server started from a background job of a non-interactive shell ignores
+    SIGINT, and so does everything it starts."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    return False
+
+
 def stop_process_group(proc: subprocess.Popen, grace: float, out=sys.stderr) -> int | None:
-    """SIGINT, then SIGTERM, then SIGKILL to the server's process group; each waits up to ``grace`` s."""
+    """SIGINT (unless the server ignores it), then SIGTERM, then SIGKILL to the server's process
+    group; each waits up to ``grace`` s."""
     if proc.poll() is not None:
         return proc.returncode
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    first = () if ignores_signal(proc.pid, signal.SIGINT) else (signal.SIGINT,)
+    for sig in (*first, signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
