@@ -40,11 +40,3 @@ def check_inputs(q, k, v, g, beta, initial_state) -> None:
         raise ValueError(
             f"all inputs must be on one device; got {[str(x.device) for x in tensors]}"
         )
-
-
-def check_paths(paths, k) -> None:
-    """A ``tree_paths`` table for ``k``'s requests and nodes: ``[bs, N, W]`` (one-line
-    ``ValueError``), as the Triton kernels take it."""
-    bs, n = k.shape[:2]
-    if paths.dim() != 3 or paths.shape[:2] != (bs, n):
-        raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .recurrence_inputs import check_inputs, check_paths
+from .recurrence_inputs import check_inputs
 
 #: Fewest programs a launch should have before the value tile narrows (the H200 has 132 SMs and
 #: each runs many of these one-request programs at once; SGLang narrows its verify tile to 4 for
@@ -418,7 +418,7 @@ def _replay_kernel(
     )
 
 
-def last_dim_contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
+def _last_dim_contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x if x.stride(-1) == 1 else x.contiguous() for x in xs]
 
 
@@ -591,9 +591,10 @@ def tree_gated_delta_rule_triton(
     ``block_v`` overrides the value tile width (a power of two), ``num_warps`` the launch's warps.
     """
     check_inputs(q, k, v, g, beta, initial_state)
-    check_paths(paths, k)
     bs, n = k.shape[:2]
-    q, k, v = last_dim_contiguous(q, k, v)
+    if paths.dim() != 3 or paths.shape[:2] != (bs, n):
+        raise ValueError(f"paths must be [bs, N, W] = [{bs}, {n}, W]; got {tuple(paths.shape)}")
+    q, k, v = _last_dim_contiguous(q, k, v)
     o = torch.empty(*v.shape, dtype=torch.float32, device=k.device)
     launch_tree_kernel(
         q,
@@ -628,7 +629,7 @@ def replay_path_state_triton(
     if path.dim() != 2 or path.shape[0] != bs:
         raise ValueError(f"path must be [bs={bs}, D]; got {tuple(path.shape)}")
     path = path.to(torch.int32).contiguous()
-    k, v = last_dim_contiguous(k, v)
+    k, v = _last_dim_contiguous(k, v)
     out = torch.empty(bs, hv, dk, dv, dtype=torch.float32, device=k.device)
     bv = choose_block_v(dv, bs * hv, block_v)
     _replay_kernel[(triton.cdiv(dv, bv), bs * hv)](
