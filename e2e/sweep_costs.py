@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from benchmarks.adaptive_budget import cost_table
 from e2e.tiny_pair import parse_server
 
 
@@ -47,12 +48,13 @@ def level_costs(path: str) -> tuple[int, dict[int, float]] | None:
                 f"{path}: level C={c} has completed={r.get('completed')}, accept_length={acc}, "
                 f"output_throughput={tps}; valid: a finished level with all three"
             )
-        costs[int(c)] = round(1000.0 * c * acc / tps, 3)
+        costs[int(c)] = 1000.0 * c * acc / tps
     return budget, costs
 
 
-def cost_table(paths: list[str]) -> dict[str, dict[str, float]]:
-    """``cost_ms`` of the budget config: {"C": {"budget": ms}} over the DDTREE sweep files."""
+def sweep_cost_table(paths: list[str]) -> dict[str, dict[str, float]]:
+    """``cost_ms`` of the budget config: {"C": {"budget": ms}} over the DDTREE sweep files
+    (``benchmarks.adaptive_budget.cost_table``'s layout and rounding)."""
     by_budget: dict[int, dict[int, float]] = {}
     for path in paths:
         got = level_costs(path)
@@ -64,11 +66,7 @@ def cost_table(paths: list[str]) -> dict[str, dict[str, float]]:
         by_budget[budget] = costs
     if not by_budget:
         raise ValueError(f"no DDTREE sweep among {paths}")
-    table: dict[int, dict[int, float]] = {}
-    for budget, costs in by_budget.items():
-        for c, ms in costs.items():
-            table.setdefault(c, {})[budget] = ms
-    return {str(c): {str(b): row[b] for b in sorted(row)} for c, row in sorted(table.items())}
+    return cost_table({("DDTREE", b): costs for b, costs in by_budget.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         ap.error(f"no such sweep file: {missing[0]}")
     try:
-        table = cost_table(args.sweeps)
+        table = sweep_cost_table(args.sweeps)
     except ValueError as e:
         print(f"python -m e2e.sweep_costs: {e}", file=sys.stderr)
         return 2
