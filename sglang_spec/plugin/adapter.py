@@ -930,7 +930,8 @@ def finalize_accept_tree_path(
 # frame, 256 rows (SGLang's cap at that row size) spill to a 7440-byte one -- about 2 GB of local
 # memory at launch on an H200. A DDTREE(63) server at default memory (0.5 GB free) died with CUDA
 # out of memory launching it, in the warm-up step after bs 8: 16 requests move 16 x 16 = 256 slots.
-# (Session 10; the cap itself has not run on a GPU yet.)
+# (Session 10. Session 11 served the tiny pair with the cap up to C = 32; whether it removes the
+# 27B crash is not measured yet.)
 KV_MOVE_ROWS = 128
 
 
