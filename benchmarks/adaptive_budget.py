@@ -137,6 +137,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--json", help="write the settings and rows here")
     ap.add_argument("--write-config", help="write the DDTREE cost table as a budget config here")
+    ap.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        help="the candidates (default: every DDTREE budget the records have), e.g. 7 15 31",
+    )
     args = ap.parse_args(argv)
     for name in ("dflash_tau", "nextn_tau"):
         if not getattr(args, name) > 0:
@@ -147,6 +153,11 @@ def main(argv=None) -> dict:
     records = json.load(open(args.scale))
     costs = step_costs(records, args.shape)
     served = step_costs(records, args.shape, one_batch=False)
+    if args.budgets:
+        have = sorted(b for a, b in costs if a == "DDTREE")
+        if not set(args.budgets) <= set(have):
+            ap.error(f"--budgets {args.budgets}: valid are budgets with records, {have}")
+        costs = {k: v for k, v in costs.items() if k[0] != "DDTREE" or k[1] in args.budgets}
     table = cost_table(costs)
     if not table:
         ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}")
@@ -178,6 +189,7 @@ def main(argv=None) -> dict:
         + ", ".join(f"{b}: {tau[b]:.2f}" for b in budgets)
         + f"; DFLASH {args.dflash_tau}, NEXTN {args.nextn_tau}, AR 1)"
     )
+    print("e2e.scale option for these tau: acc=" + "/".join(f"{b}@{tau[b]:.2f}" for b in budgets))
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     rows = []
