@@ -414,3 +414,38 @@ def test_the_projection_pools_acceptance_runs_of_one_prompt_set(tmp_path, capsys
         main(argv + ["--acceptance", run(15, 25), run(7, 30)])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "file 2 has DFLASH tau 3.0000" in err and "earlier file 2.5000" in err
+
+
+def test_the_projection_takes_only_the_budgets_asked_for(tmp_path, capsys):
+    """``--budgets 7 15``: the written config and the projection have those candidates only (the
+    27B run at simulated tau leaves out 63); a budget without records is refused by name."""
+    import json
+
+    from benchmarks.adaptive_budget import main
+
+    rec = dict(shape="s", variant="", simulated_accept_len=None, max_running_requests=64)
+    records = [
+        {**rec, "algorithm": "DDTREE", "budget": b, "concurrency": 1, "ms_per_step": ms}
+        for b, ms in ((7, 26.0), (15, 28.0), (63, 34.0))
+    ]
+    (tmp_path / "scale.json").write_text(json.dumps(records))
+    rows = [dict(pair="p", method="dflash", completion_tokens=[25], verify_steps=[10])]
+    rows += [
+        dict(pair="p", method="ddtree", chain=True, tree_temperature=0.75, budget=b)
+        | {"completion_tokens": [c], "verify_steps": [10]}
+        for b, c in ((7, 26), (15, 25), (63, 40))
+    ]
+    (tmp_path / "acc.json").write_text(json.dumps({"rows": rows}))
+    argv = ["--scale", str(tmp_path / "scale.json"), "--shape", "s", "--pair", "p", "--steps", "20"]
+    argv += ["--acceptance", str(tmp_path / "acc.json")]
+    out = main(argv + ["--budgets", "7", "15", "--write-config", str(tmp_path / "c.json")])
+    assert json.loads((tmp_path / "c.json").read_text()) == {
+        "cost_ms": {"1": {"7": 26.0, "15": 28.0}}
+    }
+    assert set(out["settings"]["tau"]) == {7, 15}
+    assert "acc=7@3.12/15@3.00" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(argv + ["--budgets", "7", "31"])
+    assert (
+        "--budgets [7, 31]: valid are budgets with records, [7, 15, 63]" in capsys.readouterr().err
+    )
