@@ -285,7 +285,7 @@ def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
     n = tree.width
     flat = torch.where(walk.accepted >= 0, walk.accepted + torch.arange(bs).unsqueeze(1) * n, -1)
     measured = ctl.measured_by(big)
-    sums = accepted_tokens_within(flat, n, measured)
+    sums = accepted_tokens_within(flat, n, torch.tensor(measured))
     for b, total in zip(measured, sums.tolist(), strict=True):
         alone = accepted(build_ddtree(logits, b, roots))
         assert total == float((alone.accept_len + 1).sum()), (b, big)

@@ -288,12 +288,15 @@ class BudgetController:
             self.evidence[b] = self.evidence.get(b, 0) + 1
 
 
-def accepted_tokens_within(accept_index, width: int, budgets: Sequence[int]):
-    """Per budget b, the batch's accepted tokens (root/bonus included) whose tree slot is <= b.
+def accepted_tokens_within(accept_index, width: int, limits):
+    """Per budget b in ``limits``, the batch's accepted tokens (root/bonus included) whose tree
+    slot is <= b.
 
     ``accept_index [bs, D]`` holds SGLang's flat accepted node ids (``request * width + slot``,
-    root first, -1 padded). Returns a float32 tensor ``[len(budgets)]`` on the same device, with
-    no host synchronisation.
+    root first, -1 padded); ``limits`` is a 1-D integer tensor of budgets on the same device, built
+    once (a tensor made from a Python list in the step is a host-to-device copy, which makes the
+    host wait for the GPU). Returns a float32 tensor ``[len(limits)]`` on that device, with no host
+    synchronisation.
     """
     import torch
 
@@ -301,6 +304,5 @@ def accepted_tokens_within(accept_index, width: int, budgets: Sequence[int]):
     rows = torch.arange(bs, device=accept_index.device, dtype=accept_index.dtype).unsqueeze(1)
     slots = accept_index - rows * width
     valid = accept_index >= 0
-    limits = torch.tensor(list(budgets), device=accept_index.device, dtype=accept_index.dtype)
     inside = valid.unsqueeze(-1) & (slots.unsqueeze(-1) <= limits)
     return inside.sum(dim=(0, 1)).to(torch.float32)

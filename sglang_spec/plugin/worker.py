@@ -184,6 +184,12 @@ class DDTreeWorker(DFlashWorkerV2):
             nested=self.config.simulated_accept_by_budget is None,
         )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
+        # what a step at each budget measures, on the device once: built in the step, it was a
+        # host-to-device copy that made every decode step wait for the GPU (session 12, H200)
+        self.budget_limits = {
+            b: torch.tensor(self.budgets.measured_by(b), dtype=torch.int64, device=self.device)
+            for b in policy.budgets
+        }
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
         # (budget, host sums per measured budget, requests) of each decode step whose results the
         # scheduler has not processed yet: with overlap scheduling the next step is launched first
@@ -228,7 +234,7 @@ class DDTreeWorker(DFlashWorkerV2):
         copied to pinned host memory in stream order (no sync)."""
         budget = self.config.budget
         sums = accepted_tokens_within(
-            accept_index, self.config.verify_width, self.budgets.measured_by(budget)
+            accept_index, self.config.verify_width, self.budget_limits[budget]
         )
         host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=sums.is_cuda)
         host.copy_(sums, non_blocking=True)
