@@ -637,16 +637,22 @@ def summarize_stage_file(folder: Path, slug: str) -> dict | None:
     steps = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
     summary = {"server_slug": slug, "by_bs": stage_medians(steps)}
     (folder / f"{slug}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return {"steps": len(steps), "batch_sizes": sorted(summary["by_bs"], key=int)}
+    return {"steps": len(steps), "batch_sizes": sorted(summary["by_bs"], key=stage_key)}
 
 
 def stage_medians(steps: list[dict]) -> dict:
-    by_bs: dict[int, list[dict]] = {}
+    """Per batch size (key ``"bs"``), or per batch size and verify width (``"bs:width"``) where
+    steps of one batch size ran at several widths (budget by batch size, its probes): the step
+    count and the median host and GPU ms of each stage."""
+    groups: dict[tuple[int, int | None], list[dict]] = {}
     for s in steps:
-        by_bs.setdefault(int(s["bs"]), []).append(s)
+        groups.setdefault((int(s["bs"]), s.get("width")), []).append(s)
+    widths: dict[int, int] = {}
+    for bs, _ in groups:
+        widths[bs] = widths.get(bs, 0) + 1
     out = {}
-    for bs, rows in sorted(by_bs.items()):
-        entry = {"steps": len(rows), "width": rows[0].get("width")}
+    for (bs, width), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        entry = {"steps": len(rows), "width": width}
         between = [r["gpu_between_ms"] for r in rows if r.get("gpu_between_ms") is not None]
         entry["gpu_between_ms"] = statistics.median(between) if between else None
         for kind in ("host_ms", "gpu_ms"):
@@ -655,8 +661,14 @@ def stage_medians(steps: list[dict]) -> dict:
                 st: statistics.median(r[kind][st] for r in rows if st in r.get(kind, {}))
                 for st in stages
             }
-        out[str(bs)] = entry
+        out[str(bs) if widths[bs] == 1 else f"{bs}:{width}"] = entry
     return out
+
+
+def stage_key(key: str) -> tuple[int, int]:
+    """Sort key of :func:`stage_medians`' keys: batch size, then width."""
+    bs, _, width = key.partition(":")
+    return int(bs), int(width or 0)
 
 
 # ------------------------------------------------------------------------------------ environment

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from e2e import records
+from e2e.scale import stage_key
 from e2e.trace import markdown as profile_markdown
 
 ALGORITHM_ORDER = ("AR", "NEXTN", "EAGLE3", "DFLASH", "DDTREE")
@@ -112,7 +113,7 @@ def stage_tables(folder: Path) -> str:
             "| bs | steps | " + " | ".join(stages) + " | sum of medians | GPU between steps |",
             "|---" * (len(stages) + 4) + "|",
         ]
-        for bs, e in sorted(by_bs.items(), key=lambda kv: int(kv[0])):
+        for bs, e in sorted(by_bs.items(), key=lambda kv: stage_key(kv[0])):
             cells = [
                 f"{e['host_ms'].get(st, float('nan')):.2f} / {e['gpu_ms'].get(st, float('nan')):.2f}"
                 for st in stages

@@ -625,3 +625,21 @@ def test_a_port_answered_by_another_process_is_refused(tmp_path):
         orphan.shutdown()
         orphan.server_close()
     assert srv.proc is None  # stopped (it may not have written its pid yet)
+
+
+def test_stage_medians_split_a_batch_size_by_the_widths_its_steps_ran_at():
+    """Budget by batch size runs steps of one batch size at several widths (the chosen budget,
+    probes): their medians are kept apart as "bs:width"; a batch size at one width keeps its
+    plain "bs" key; the report orders them by batch size, then width."""
+    from e2e.scale import stage_key, stage_medians
+
+    def step(bs, width, verify):
+        return {"bs": bs, "width": width, "host_ms": {"verify": 1.0}, "gpu_ms": {"verify": verify}}
+
+    steps = [step(8, 16, 44.0), step(8, 16, 45.0), step(8, 16, 46.0), step(8, 32, 50.0)]
+    steps += [step(1, 32, 30.0), step(1, 32, 32.0)]
+    out = stage_medians(steps)
+    assert sorted(out, key=stage_key) == ["1", "8:16", "8:32"]
+    assert out["8:16"]["gpu_ms"]["verify"] == 45.0 and out["8:16"]["steps"] == 3
+    assert out["8:32"]["gpu_ms"]["verify"] == 50.0 and out["8:32"]["width"] == 32
+    assert out["1"]["gpu_ms"]["verify"] == 31.0 and out["1"]["width"] == 32

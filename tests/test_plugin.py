@@ -1385,7 +1385,7 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
 
     worker, _ = _staged_worker([], tick)
     path = tmp_path / "stages.jsonl"
-    timer = StageTimer(str(path), width=5, new_event=_FakeEvent, clock=lambda: host[0])
+    timer = StageTimer(str(path), new_event=_FakeEvent, clock=lambda: host[0])
     timer.instrument(worker)
     worker.stage_timer = timer
     spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
@@ -1393,11 +1393,13 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
     worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
     assert path.read_text() == ""  # written once finished, checked when the next step begins
     _FakeEvent.gpu_ms += 7.0  # the scheduler's GPU work between the two decode steps
+    # budget by batch size switches the config between steps: the record has the step's width
+    worker.config = replace(worker.config, verify_width=3)
     worker.forward_batch_generation(_decode_batch(spec_info, bs=3))
     assert len(path.read_text().splitlines()) == 1 and _FakeEvent.synchronized == 0
     timer.flush()
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["bs"], r["width"]) for r in records] == [(2, 5), (3, 5)]
+    assert [(r["bs"], r["width"]) for r in records] == [(2, 5), (3, 3)]
     assert records[0]["gpu_between_ms"] is None  # nothing timed before the first step
     assert records[1]["gpu_between_ms"] == pytest.approx(7.0)
     for r in records:
@@ -1422,7 +1424,7 @@ def test_stage_times_never_wait_for_a_running_step(tmp_path):
         [], lambda _name: setattr(_FakeEvent, "gpu_ms", _FakeEvent.gpu_ms + 1)
     )
     path = tmp_path / "stages.jsonl"
-    timer = StageTimer(str(path), width=5, new_event=_FakeEvent, clock=lambda: 0.0)
+    timer = StageTimer(str(path), new_event=_FakeEvent, clock=lambda: 0.0)
     timer.instrument(worker)
     worker.stage_timer = timer
     spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")

@@ -7,7 +7,8 @@ The worker (tensor-parallel rank 0) then appends one JSON object per decode step
     {"bs": int, "width": int, "host_ms": {stage: float}, "gpu_ms": {stage: float},
      "gpu_between_ms": float | null}
 
-for the stages of :data:`STAGES`, in the order they ran. Host time is ``perf_counter`` around each
+for the stages of :data:`STAGES`, in the order they ran; ``width`` is the verify width the step
+ran at (with budget by batch size it changes from step to step). Host time is ``perf_counter`` around each
 stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
 events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from
 the end of the previous timed step to the start of this one: the scheduler's own work between
@@ -49,19 +50,17 @@ class StageTimer:
     def __init__(
         self,
         path: str,
-        width: int,
         *,
         new_event: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self._file = open(path, "a", buffering=1)  # line-buffered, open for the worker's life
-        self._width = int(width)
         self._new_event = new_event or _cuda_event
         self._clock = clock
-        self._bs: int | None = None
+        self._step: tuple[int, int] | None = None  # (bs, width) of the step being timed
         self._stages: dict[str, tuple[float, Any, Any]] = {}
-        # (bs, stages) of the steps begun but not yet written, oldest first
-        self._pending: deque[tuple[int, dict[str, tuple[float, Any, Any]]]] = deque()
+        # ((bs, width), stages) of the steps begun but not yet written, oldest first
+        self._pending: deque[tuple[tuple[int, int], dict[str, tuple[float, Any, Any]]]] = deque()
         self._last_end: Any = None  # the end event of the last step written
 
     def instrument(self, worker: Any) -> None:
@@ -84,11 +83,12 @@ class StageTimer:
 
         return timed
 
-    def begin_step(self, bs: int) -> None:
-        """Write the earlier steps that have finished on the device, then start one."""
+    def begin_step(self, bs: int, width: int) -> None:
+        """Write the earlier steps that have finished on the device, then start one of ``bs``
+        requests at verify width ``width``."""
         self._close_step()
         self._write(wait=False)
-        self._bs = int(bs)
+        self._step = (int(bs), int(width))
 
     def flush(self) -> None:
         """Wait for and write every step timed so far."""
@@ -96,13 +96,13 @@ class StageTimer:
         self._write(wait=True)
 
     def _close_step(self) -> None:
-        if self._bs is not None:
-            self._pending.append((self._bs, self._stages))
-        self._bs, self._stages = None, {}
+        if self._step is not None:
+            self._pending.append((self._step, self._stages))
+        self._step, self._stages = None, {}
 
     def _write(self, *, wait: bool) -> None:
         while self._pending:
-            bs, stages = self._pending[0]
+            (bs, width), stages = self._pending[0]
             if stages:
                 last_end = next(reversed(stages.values()))[2]
                 if wait:
@@ -117,7 +117,7 @@ class StageTimer:
             self._last_end = next(reversed(stages.values()))[2]
             record = {
                 "bs": bs,
-                "width": self._width,
+                "width": width,
                 "host_ms": {n: round(host, 4) for n, (host, _, _) in stages.items()},
                 "gpu_ms": {n: round(s.elapsed_time(e), 4) for n, (_, s, e) in stages.items()},
                 "gpu_between_ms": None if between is None else round(between, 4),
@@ -140,8 +140,8 @@ def time_dflash_steps(path: str) -> None:
             return call()
         timer = timers.get(id(worker))
         if timer is None:
-            timer = timers[id(worker)] = StageTimer(path, adapter.dflash_block_size(worker))
-        timer.begin_step(len(batch.seq_lens))
+            timer = timers[id(worker)] = StageTimer(path)
+        timer.begin_step(len(batch.seq_lens), adapter.dflash_block_size(worker))
         return timer.wrap("step", call)()
 
     adapter.wrap_dflash_decode_step(timed_step)

@@ -151,7 +151,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
         if self.config.stage_times_path is not None and get_parallel().tp_rank == 0:
-            self.stage_timer = StageTimer(self.config.stage_times_path, self.config.verify_width)
+            self.stage_timer = StageTimer(self.config.stage_times_path)
             self.stage_timer.instrument(self)
         if self.config.adaptive_config is not None:
             self.init_budgets()
@@ -279,7 +279,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.budgets is not None:
             self.select_budget(len(batch.seq_lens))
         if self.stage_timer is not None:
-            self.stage_timer.begin_step(len(batch.seq_lens))
+            self.stage_timer.begin_step(len(batch.seq_lens), self.config.verify_width)
         if self.config.sync_check is None:
             return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
         torch.cuda.set_sync_debug_mode(self.config.sync_check)
