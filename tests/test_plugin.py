@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import pytest
 import sglang  # noqa: F401  the CPU test environment installs sglang 0.5.23 (requirements-cpu.txt); never skip
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_spec.plugin import algorithm, config, hooks
 from sglang_spec.plugin.config import (
@@ -1167,6 +1169,52 @@ def test_best_path_of_a_ddtree_is_the_drafters_greedy_chain():
         assert tree.depths[b, nodes].tolist() == list(range(len(nodes)))
         assert tree.tokens[b, nodes[1:]].tolist() == logits[b, : len(nodes) - 1].argmax(-1).tolist()
         assert len(nodes) - 1 == int(tree.depths[b].max())  # as deep as the tree
+
+
+def _best_path_by_depth(tree):
+    """The oracle: from the root, the highest-score child at each depth (lowest slot on ties)."""
+    out = []
+    for b in range(tree.parents.shape[0]):
+        path, cur = [0], 0
+        for _ in range(tree.horizon):
+            kids = [i for i in range(tree.parents.shape[1]) if int(tree.parents[b, i]) == cur]
+            if not kids:
+                break
+            cur = max(kids, key=lambda i: (float(tree.scores[b, i]), -i))
+            path.append(cur)
+        out.append(path + [-1] * (tree.horizon + 1 - len(path)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), horizon=st.integers(1, 6), n=st.integers(1, 14))
+def test_best_path_equals_the_depth_by_depth_walk_on_random_trees(seed, horizon, n):
+    """Random trees (parents before children, a few padding slots, scores drawn from a handful of
+    values so that ties are common, depths past the horizon): the scatter and pointer-doubling
+    best path is the depth-by-depth one."""
+    from sglang_spec.plugin.simulate import best_path
+
+    g = torch.Generator().manual_seed(seed)
+    bs = 3
+    parents = torch.full((bs, n), -1, dtype=torch.long)
+    for i in range(1, n):
+        parents[:, i] = torch.randint(0, i, (bs,), generator=g)
+    padding = torch.rand(bs, n, generator=g) < 0.15
+    padding[:, 0] = False
+    depths = torch.zeros(bs, n, dtype=torch.long)
+    for b in range(bs):
+        for i in range(1, n):
+            p = int(parents[b, i])
+            if padding[b, i] or padding[b, p]:  # a padding slot's subtree is padding too
+                padding[b, i] = True
+                parents[b, i], depths[b, i] = -1, -1
+            else:
+                depths[b, i] = depths[b, p] + 1
+    scores = -torch.randint(0, 4, (bs, n), generator=g).float()
+    scores[:, 0] = 0.0
+    tree = _tree(parents.tolist(), scores.tolist(), horizon)
+    assert tree.depths.tolist() == depths.tolist()
+    assert best_path(tree).tolist() == _best_path_by_depth(tree)
 
 
 def test_simulated_acceptance_follows_the_best_path_clipped_to_it():

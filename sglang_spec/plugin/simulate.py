@@ -17,6 +17,8 @@ needs ``speculative_eagle_topk=1`` (``eagle_utils.py:818``), and DDTREE refuses 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from sglang_spec.tree import DraftTree
@@ -24,20 +26,32 @@ from sglang_spec.tree import DraftTree
 
 def best_path(tree: DraftTree) -> torch.Tensor:
     """Node slots ``[bs, L+1]`` of the path that takes the highest-score child at every depth
-    (the lowest slot among equal scores), root first, ``-1`` past its end. No host sync."""
-    parents, scores = tree.parents, tree.scores
-    bs = parents.shape[0]
-    path = torch.full((bs, tree.horizon + 1), -1, dtype=torch.long, device=parents.device)
-    path[:, 0] = 0
-    cur = torch.zeros(bs, dtype=torch.long, device=parents.device)
-    alive = torch.ones(bs, dtype=torch.bool, device=parents.device)
-    for d in range(1, tree.horizon + 1):
-        is_child = parents == cur[:, None]
-        best = torch.where(is_child, scores, float("-inf")).argmax(dim=1)  # first maximum
-        alive = alive & is_child.any(dim=1)
-        path[:, d] = torch.where(alive, best, -1)
-        cur = torch.where(alive, best, cur)
-    return path
+    (the lowest slot among equal scores), root first, ``-1`` past its end. No host sync, and a
+    fixed number of launches (about 20 at L = 15): each node's parent's best child is found with
+    two scatter-reductions, and the nodes whose whole ancestry is best children (the path) by
+    pointer doubling, ``ceil(log2(L + 1))`` rounds. (A depth-by-depth walk took some 90 eager
+    launches, 0.6 GPU ms per 27B step at C = 1, session 12.)"""
+    parents, scores, depths = tree.parents, tree.scores, tree.depths
+    bs, n = parents.shape
+    horizon = tree.horizon
+    dev = parents.device
+    slot = torch.arange(n, device=dev).expand(bs, n)
+    child = (parents >= 0) & (depths >= 1) & (depths <= horizon)
+    up = torch.where(parents >= 0, parents, slot).long()  # the root points to itself
+    score = torch.where(child, scores, float("-inf"))
+    best_score = torch.full((bs, n), float("-inf"), device=dev, dtype=scores.dtype)
+    best_score.scatter_reduce_(1, up, score, "amax")
+    tied = child & (score == best_score.gather(1, up))
+    best_slot = torch.full((bs, n), n, device=dev, dtype=torch.long)
+    best_slot.scatter_reduce_(1, up, torch.where(tied, slot, n), "amin")
+    on = (tied & (slot == best_slot.gather(1, up))) | (slot == 0)
+    for _ in range(math.ceil(math.log2(horizon + 1))):
+        on = on & on.gather(1, up)
+        up = up.gather(1, up)
+    path = torch.full((bs, horizon + 2), -1, dtype=torch.long, device=dev)
+    column = torch.where(on, depths.long(), horizon + 1)  # off-path nodes land in a dropped column
+    path.scatter_(1, column, torch.where(on, slot, -1))
+    return path[:, : horizon + 1]
 
 
 def simulated_acceptance(
