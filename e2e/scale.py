@@ -24,7 +24,8 @@ options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per v
 benchmark knob; not for AR), for DDTREE also ``acc=B@TAU/B@TAU...`` (a tau per budget,
 ``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``, with the largest as SGLang's knob),
 ``adaptive=FILE`` (DDTREE budget by batch size: ``--speculative-adaptive`` with FILE as its config;
-the budget is the file's largest, ``b=`` may be left out), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
+the budget is the file's largest, ``b=`` may be left out), ``tree-temp=T`` (DDTREE's tree
+temperature, ``SGLANG_DDTREE_TREE_TEMPERATURE``; with ``acc=`` on dummy weights see below), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
 ``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
 states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
 NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: its capacity without per-draft-
@@ -35,6 +36,15 @@ both with the GPU time between steps; summarised per batch size),
 at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
 trace starts at the first decode batch of at least the smallest of these C, so each C's prompts
 must fit one prefill batch: C x 512 tokens <= SGLang's chunked prefill size).
+
+Budgets below the drafter's horizon at a stated tau: with dummy weights the drafter's distributions
+are flat (SGLang draws every weight from U(-1e-3, 1e-3)), so best-first selection spends a budget of
+7 on depth-1 siblings, and the simulated path, the tree's best path clipped to its depth, cannot
+reach the stated tau (session 12: budget 7 never ran in the adaptive server). ``tree-temp=1e-8``
+sharpens the drafter's log-probabilities so far that the tree takes the drafter's argmax chain
+first, as a trained drafter's peaked distribution would. The verify width, and so the size of every
+kernel but the GDN tree kernel (whose work grows with node depth), does not depend on the shape:
+a chain is the costly end of the shapes a budget can take.
 
 Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
 slowest start seen so far in this call, else ``--start-estimate``) and a first level fit; a level
@@ -68,7 +78,7 @@ from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 LEVELS = (1, 2, 4, 8, 16, 32)
 ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
 FLAG_OPTIONS = {"no-overlap", "no-replayssm", "replayssm", "stages"}
-VALUE_OPTIONS = {"b", "acc", "tp", "profile", "adaptive"}
+VALUE_OPTIONS = {"b", "acc", "tp", "profile", "adaptive", "tree-temp"}
 # What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
 # no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
 # memory beside 50 GB of weights), room for the KV pool and the GDN state, a short context.
@@ -93,6 +103,7 @@ class ServerSpec:
     profile: tuple[int, ...] = ()
     acc_by_budget: tuple[tuple[int, float], ...] = ()  # acc=B@TAU/...; then acc = the largest TAU
     adaptive: str | None = None  # adaptive=FILE: the budget config's path
+    tree_temperature: float | None = None  # tree-temp=T (DDTREE)
 
     @property
     def speculative(self) -> bool:
@@ -109,6 +120,7 @@ class ServerSpec:
         parts = list(self.flags)
         parts += [f"adaptive={Path(self.adaptive).stem}"] if self.adaptive else []
         parts += [f"acc={self.acc_text}"] if self.acc_by_budget else []
+        parts += [f"tree-temp={self.tree_temperature:g}"] if self.tree_temperature else []
         return "+".join(parts)
 
     @property
@@ -118,6 +130,7 @@ class ServerSpec:
         parts += [f"acc={self.acc_text}"] if self.acc is not None else []
         parts += [f"adaptive={Path(self.adaptive).stem}"] if self.adaptive else []
         parts += [f"tp={self.tp}"] if self.tp is not None else []
+        parts += [f"tree-temp={self.tree_temperature:g}"] if self.tree_temperature else []
         return ":".join(parts + list(self.flags))
 
     @property
@@ -154,7 +167,7 @@ def parse_spec(text: str) -> ServerSpec:
         else:
             raise argparse.ArgumentTypeError(
                 f"server {text!r}: bad option {opt!r}; valid: b=BUDGET, acc=TAU or "
-                f"acc=B@TAU/B@TAU..., tp=N, profile=C[,C], adaptive=FILE, "
+                f"acc=B@TAU/B@TAU..., tp=N, profile=C[,C], adaptive=FILE, tree-temp=T, "
                 f"{', '.join(sorted(FLAG_OPTIONS))} (each once)"
             )
     acc_by_budget = _acc_by_budget(text, values.get("acc"))
@@ -171,10 +184,11 @@ def parse_spec(text: str) -> ServerSpec:
         profile=_profile_levels(text, values.get("profile")),
         acc_by_budget=acc_by_budget,
         adaptive=adaptive,
+        tree_temperature=_tree_temperature(text, values.get("tree-temp")),
     )
-    if (acc_by_budget or adaptive) and spec.algorithm != "DDTREE":
+    if (acc_by_budget or adaptive or spec.tree_temperature) and spec.algorithm != "DDTREE":
         raise argparse.ArgumentTypeError(
-            f"server {text!r}: acc=B@TAU/... and adaptive= apply to ddtree only"
+            f"server {text!r}: acc=B@TAU/..., adaptive= and tree-temp= apply to ddtree only"
         )
     max_budget = 255 if shape.hybrid else MAX_VERIFY_WIDTH - 1
     if spec.algorithm == "DDTREE" and spec.budget is None:
@@ -235,6 +249,18 @@ def _adaptive(text: str, value: str | None, budget: int | None) -> tuple[str | N
             f"is {largest}; valid: b={largest} or no b="
         )
     return str(Path(value).resolve()), largest
+
+
+def _tree_temperature(text: str, value: str | None) -> float | None:
+    """``tree-temp=T`` -> T, checked as the server checks SGLANG_DDTREE_TREE_TEMPERATURE."""
+    if value is None:
+        return None
+    from sglang_spec.plugin.config import parse_tree_temperature
+
+    try:
+        return parse_tree_temperature(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"server {text!r}: tree-temp=: {e}") from None
 
 
 def _number(text: str, values: dict, name: str, kind: type, lo: float):
@@ -320,6 +346,8 @@ def server_config(
         env["SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET"] = ",".join(
             f"{b}:{t:g}" for b, t in spec.acc_by_budget
         )
+    if spec.tree_temperature is not None:
+        env["SGLANG_DDTREE_TREE_TEMPERATURE"] = f"{spec.tree_temperature:g}"
     if "stages" in spec.flags:
         env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
     if spec.profile:  # a decode trace starts at the first batch of at least this many requests

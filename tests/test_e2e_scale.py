@@ -91,6 +91,9 @@ def test_parse_spec(text, budget, acc, tp, flags, profile):
         ("qwen3.6-27b:ddtree:b=15:b=31", "bad option 'b=31'"),
         ("qwen3.6-27b:ar:profile=1,x", "profile='1,x' must list concurrencies >= 1"),
         ("qwen3.6-27b:ar:profile=0", "profile='0' must list concurrencies >= 1"),
+        ("qwen3.6-27b:dflash:tree-temp=0.5", "tree-temp= apply to ddtree only"),
+        ("qwen3.6-27b:ddtree:b=7:tree-temp=0", "tree-temp=: SGLANG_DDTREE_TREE_TEMPERATURE='0'"),
+        ("qwen3.6-27b:ddtree:b=7:tree-temp=inf", "must be a finite number > 0"),
     ],
 )
 def test_parse_spec_refuses(text, says):
@@ -126,6 +129,15 @@ def test_adaptive_server_at_a_tau_per_budget(tmp_path, monkeypatch, sglang_parse
         kit.Server(cfg, tmp_path / "log", launcher="python -m sglang.launch_server").cmd[3:]
     )
     assert sa.speculative_adaptive_config == str(ADAPTIVE_27B)
+    # tree-temp=T: the server's tree temperature, named in variant and label
+    sharp = scale.parse_spec("qwen3.6-27b:ddtree:b=7:acc=3.17:tree-temp=1e-8")
+    assert sharp.tree_temperature == 1e-8 and sharp.variant == "tree-temp=1e-08"
+    assert sharp.label == "qwen3.6-27b:ddtree:b=7:acc=3.17:tree-temp=1e-08"
+    cfg = scale.server_config(sharp, tmp_path / "t", tmp_path / "d", ns, tmp_path)
+    assert cfg.env["SGLANG_DDTREE_TREE_TEMPERATURE"] == "1e-08"
+    from sglang_spec.plugin.config import parse_tree_temperature
+
+    assert parse_tree_temperature(cfg.env["SGLANG_DDTREE_TREE_TEMPERATURE"]) == 1e-8
     # a plain tau stays SGLang's alone
     plain = scale.parse_spec("qwen3.6-27b:ddtree:b=15:acc=3")
     assert plain.acc_by_budget == () and plain.variant == "" and plain.label.endswith("acc=3")
