@@ -40,7 +40,7 @@ must fit one prefill batch: C x 512 tokens <= SGLang's chunked prefill size).
 Budgets below the drafter's horizon at a stated tau: with dummy weights the drafter's distributions
 are flat (SGLang draws every weight from U(-1e-3, 1e-3)), so best-first selection spends a budget of
 7 on depth-1 siblings, and the simulated path, the tree's best path clipped to its depth, cannot
-reach the stated tau (session 12: budget 7 never ran in the adaptive server). ``tree-temp=1e-8``
+reach the stated tau (session 12: the adaptive server never chose budget 7). ``tree-temp=1e-8``
 sharpens the drafter's log-probabilities so far that the tree takes the drafter's argmax chain
 first, as a trained drafter's peaked distribution would. The verify width, and so the size of every
 kernel but the GDN tree kernel (whose work grows with node depth), does not depend on the shape:
