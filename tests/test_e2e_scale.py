@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from e2e import kit, records, scale
 from e2e.shapes import SHAPES
@@ -655,3 +656,21 @@ def test_stage_medians_split_a_batch_size_by_the_widths_its_steps_ran_at():
     assert out["8:16"]["gpu_ms"]["verify"] == 45.0 and out["8:16"]["steps"] == 3
     assert out["8:32"]["gpu_ms"]["verify"] == 50.0 and out["8:32"]["width"] == 32
     assert out["1"]["gpu_ms"]["verify"] == 31.0 and out["1"]["width"] == 32
+
+
+def test_a_sharp_tree_temperature_lets_a_small_budget_carry_a_stated_tau_on_flat_logits():
+    """Why ``tree-temp=1e-8`` exists: at SGLang's dummy-weight scale the drafter's logits differ by
+    about 1e-5 (weights from U(-1e-3, 1e-3)), so at the default temperature a budget of 7 is a
+    depth-1 star whose best path accepts at most 2 tokens; at 1e-8 it is the 7-deep argmax chain."""
+    from sglang_spec.plugin.simulate import best_path
+    from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE, build_ddtree
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 15, 4096, generator=g) * 2.4e-5).to(torch.bfloat16).float()
+    roots = torch.tensor([1, 2])
+    star = build_ddtree(logits, 7, roots, temperature=DEFAULT_TREE_TEMPERATURE)
+    assert star.depths.max(dim=1).values.tolist() == [1, 1]
+    assert (best_path(star) >= 0).sum(dim=1).tolist() == [2, 2]
+    chain = build_ddtree(logits, 7, roots, temperature=1e-8)
+    assert (best_path(chain) >= 0).sum(dim=1).tolist() == [8, 8]
+    assert chain.tokens[:, 1:].tolist() == logits[:, :7].argmax(-1).tolist()
