@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import kit, records
+from e2e.scale_report import stage_key
 from e2e.shapes import SHAPES, Shape, write_model_dirs
 from sglang_spec.plugin import MAX_VERIFY_WIDTH
 from sglang_spec.serving.configs import ServerConfig
@@ -691,12 +692,6 @@ def stage_medians(steps: list[dict]) -> dict:
             }
         out[str(bs) if widths[bs] == 1 else f"{bs}:{width}"] = entry
     return out
-
-
-def stage_key(key: str) -> tuple[int, int]:
-    """Sort key of :func:`stage_medians`' keys: batch size, then width."""
-    bs, _, width = key.partition(":")
-    return int(bs), int(width or 0)
 
 
 # ------------------------------------------------------------------------------------ environment

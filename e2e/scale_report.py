@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 from e2e import records
-from e2e.scale import stage_key
 from e2e.trace import markdown as profile_markdown
 
 ALGORITHM_ORDER = ("AR", "NEXTN", "EAGLE3", "DFLASH", "DDTREE")
@@ -96,6 +95,13 @@ def log_notes(recs: list[dict]) -> str:
             seen.add(name)
             out.append(f"- {name}: " + " / ".join(f"`{ln}`" for ln in lines))
     return "\n".join(out)
+
+
+def stage_key(key: str) -> tuple[int, int]:
+    """Sort key of the stage summaries' keys (``e2e.scale.stage_medians``): ``"bs"`` or
+    ``"bs:width"``, by batch size, then width."""
+    bs, _, width = key.partition(":")
+    return int(bs), int(width or 0)
 
 
 def stage_tables(folder: Path) -> str:

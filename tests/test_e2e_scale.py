@@ -644,7 +644,8 @@ def test_stage_medians_split_a_batch_size_by_the_widths_its_steps_ran_at():
     """Budget by batch size runs steps of one batch size at several widths (the chosen budget,
     probes): their medians are kept apart as "bs:width"; a batch size at one width keeps its
     plain "bs" key; the report orders them by batch size, then width."""
-    from e2e.scale import stage_key, stage_medians
+    from e2e.scale import stage_medians
+    from e2e.scale_report import stage_key
 
     def step(bs, width, verify):
         return {"bs": bs, "width": width, "host_ms": {"verify": 1.0}, "gpu_ms": {"verify": verify}}
