@@ -54,8 +54,13 @@ def test_fixed_part_serves_every_baseline_and_the_chi_square_samples(tmp_path):
     assert argv[argv.index("--dist-samples") + 1] == "500"
     assert argv[argv.index("--dist-servers") + 1] == f"ar+graphs,ddtree63{mods}"
     assert argv[argv.index("--prompts") + 1].endswith("tiny-pair/heldout_prompts.jsonl")
-    rc, calls = run(tmp_path, [], PARTS="fixed", PROMPTS="/p/othercode_prompts.jsonl")
+    assert argv[argv.index("--num-prompts") + 1] == "6"
+    rc, calls = run(
+        tmp_path, [], PARTS="fixed", PROMPTS="/p/othercode_prompts.jsonl", NUM_PROMPTS="16"
+    )
     assert "--dist-samples" not in calls[-1].split() and "/p/othercode_prompts.jsonl" in calls[-1]
+    argv = calls[-1].split()
+    assert argv[argv.index("--num-prompts") + 1] == "16"
 
 
 @pytest.mark.parametrize("logged", [True, False])
