@@ -114,6 +114,22 @@ def test_hysteresis_keeps_the_budget_until_the_gain_exceeds_it():
     assert ctl.choose(1) == 63
 
 
+def test_each_settled_or_changed_choice_is_reported_with_the_tau_behind_it():
+    """on_switch (the worker's log line): a bucket's first choice and each change, not the steps
+    that keep it, nor exploration or probes."""
+    calls = []
+    ctl = _controller()
+    ctl.on_switch = lambda *a: calls.append(a)
+    assert ctl.choose(1) == 31 and ctl.choose(1) == 31
+    assert calls == [(1, None, 31, TAU)]
+    ctl.tau[63] = 4.3  # 0.1075 against 31's 0.1: past the hysteresis
+    assert ctl.choose(1) == 63 and ctl.choose(1) == 63
+    assert calls[1:] == [(1, 31, 63, {**TAU, 63: 4.3})]
+    assert ctl.choose(4) == 7 and calls[2][:3] == (4, None, 7)
+    calls[0][3][31] = 0.0  # a copy: the controller's own tau is untouched
+    assert ctl.tau[31] == 3.3 and len(calls) == 3
+
+
 def test_tau_is_an_ema_of_the_measured_budgets():
     ctl = BudgetController(BudgetPolicy.from_dict({**TABLE, "ema_alpha": 0.25}), horizon=L)
     assert ctl.measured_by(63) == (15, 31, 63)  # >= L: nested in the chain-inclusive tree

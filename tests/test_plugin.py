@@ -1024,7 +1024,7 @@ class NoHostBuiltTensors(torch.overrides.TorchFunctionMode):
 
 
 @pytest.mark.usefixtures("loaded")
-def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
+def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, caplog):
     """Each decode step runs at the controller's budget for its batch size: the target's verify
     state (per-width backend and graphs, built once per candidate) and the config switch to it, the
     step measures every nested budget on the device, and the scheduler's CPU hook feeds tau."""
@@ -1057,6 +1057,13 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch):
         DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append(("drafter", self is w))
     )
     w.init_budgets()
+    assert w.budgets.on_switch is worker_mod._log_budget_switch  # rank 0 logs each switch
+    with caplog.at_level("INFO", logger="sglang_spec.plugin"):
+        worker_mod._log_budget_switch(8, 7, 15, {15: 3.0, 7: 2.01234})
+    assert (
+        "DDTREE budget by batch size: bucket 8 runs budget 15 (was 7); tau per budget "
+        "{7: 2.012, 15: 3.0}." in caplog.messages
+    )
     w.init_cuda_graphs()
     # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4
     assert calls == [("drafter", True)] and built == [(4, [1, 2, 4])]

@@ -57,7 +57,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +191,9 @@ class BudgetController:
     ``cuda_graph_bs`` the server's CUDA-graph batch sizes (None: graphs off), to which a batch is
     padded before its bucket is looked up. ``nested=False`` makes a step measure only its own
     budget: under a simulated tau per budget (benchmarks), the accepted path is drawn for the
-    budget that ran and says nothing of the trees nested in it.
+    budget that ran and says nothing of the trees nested in it. ``on_switch(bucket, old, new,
+    tau)`` is called whenever a bucket settles on a budget (``old`` None the first time) with a
+    copy of the tau per budget that decided it, e.g. for a log line.
     """
 
     def __init__(
@@ -200,10 +202,12 @@ class BudgetController:
         horizon: int,
         cuda_graph_bs: Sequence[int] | None = None,
         nested: bool = True,
+        on_switch: Callable[[int, int | None, int, dict[int, float]], None] | None = None,
     ):
         self.policy = policy
         self.horizon = int(horizon)
         self.nested = nested
+        self.on_switch = on_switch
         self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
         self.tau: dict[int, float] = {}  # budget -> EMA of accepted tokens per request per step
         self.evidence: dict[int, int] = {}  # budget -> steps that measured it
@@ -251,6 +255,8 @@ class BudgetController:
             and self.expected_tokens_per_s(batch_size, best)
             > self.expected_tokens_per_s(batch_size, current) * (1.0 + self.policy.hysteresis)
         ):
+            if self.on_switch is not None:
+                self.on_switch(bucket, current, best, dict(self.tau))
             self._current[bucket] = current = best
         return self._probe_or(bucket, current)
 

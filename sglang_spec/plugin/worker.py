@@ -128,6 +128,18 @@ class Committed:
     prefix_lens: torch.Tensor  # [bs] committed lengths before this step
 
 
+def _log_budget_switch(bucket: int, old: int | None, new: int, tau: dict[int, float]) -> None:
+    """One log line each time a batch-size bucket settles on another budget, with the tau per
+    budget (tokens per request per step) that decided it."""
+    logger.info(
+        "DDTREE budget by batch size: bucket %d runs budget %d (was %s); tau per budget %s.",
+        bucket,
+        new,
+        old,
+        {b: round(t, 3) for b, t in sorted(tau.items())},
+    )
+
+
 class DDTreeWorker(DFlashWorkerV2):
     """DDTREE speculative worker (SGLang V2 worker contract; overlap scheduling on by default)."""
 
@@ -182,6 +194,7 @@ class DDTreeWorker(DFlashWorkerV2):
             adapter.decode_cuda_graph_bs(),
             # a simulated tau per budget: each step's path is drawn for the budget that ran
             nested=self.config.simulated_accept_by_budget is None,
+            on_switch=_log_budget_switch if get_parallel().tp_rank == 0 else None,
         )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
         # what a step at each budget measures, on the device once: built in the step, it was a
