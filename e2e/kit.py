@@ -291,8 +291,9 @@ _SCHED_RE = re.compile(
 
 def parse_server_log(text: str) -> dict:
     """What a server's log says about its capacity: the scheduler's ``max_running_requests`` (after
-    any cap), ``max_total_num_tokens``, ``context_len``, available GPU memory, and SGLang's lines
-    about the GDN state memory ("Mamba Cache is allocated", "... is capped ...")."""
+    any cap), ``max_total_num_tokens``, ``context_len``, available GPU memory, SGLang's lines
+    about the GDN state memory ("Mamba Cache is allocated", "... is capped ..."), and DDTREE's
+    budget-by-batch-size switches ("... bucket C runs budget B ...", with the tau behind each)."""
     out: dict = {
         "max_running_requests": None,
         "max_total_num_tokens": None,
@@ -300,6 +301,7 @@ def parse_server_log(text: str) -> dict:
         "available_gpu_mem_gb": None,
         "mamba_cache_log": [],
         "capped_log": [],
+        "budget_switch_log": [],
     }
     for line in text.splitlines():
         if m := _SCHED_RE.search(line):
@@ -312,6 +314,8 @@ def parse_server_log(text: str) -> dict:
             out["mamba_cache_log"].append(line[line.index("Mamba Cache") :].strip())
         if "is capped" in line and "max_running_requests" in line:
             out["capped_log"].append(line[line.index("max_running_requests") :].strip())
+        if "DDTREE budget by batch size: bucket" in line:
+            out["budget_switch_log"].append(line[line.index("bucket") :].strip())
     return out
 
 

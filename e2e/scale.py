@@ -513,6 +513,10 @@ class Run:
                 }
                 self.levels(spec, srv.url, todo, server_fields, entry)
                 entry["profiles"] = [self.profile(spec, srv.url, info, c) for c in to_profile]
+                # what budget each batch-size bucket ran, and why (adaptive DDTREE servers)
+                entry["budget_switch_log"] = kit.parse_server_log(srv.log_text())[
+                    "budget_switch_log"
+                ]
             entry["status"] = "finished"
             return True
         except (kit.ServerFailed, kit.HarnessError, OSError, records.RecordError) as e:

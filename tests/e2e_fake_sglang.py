@@ -15,7 +15,8 @@ returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback)
 ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
 on the H200 kit); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
 once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
-SGLang 0.5.23's scheduler does.
+SGLang 0.5.23's scheduler does. With ``--speculative-adaptive`` the first batch of each size logs
+DDTREE's budget switch line for that bucket.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ POOL = {"kv_available": 90000, "kv_evictable": 0, "mamba_evictable": 0, "running
 POOL_LOCK = threading.Lock()
 LOG_LOCK = threading.Lock()  # the log lines other threads write
 ABORTED: set[str] = set()
+SWITCHED: set[int] = set()  # the batch sizes whose budget switch line was logged
 
 
 def metrics() -> str:
@@ -152,6 +154,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         n = body["sampling_params"]["max_new_tokens"]
         steps = math.ceil((n - 1) / ACC) if ALGORITHM else n - 1
         time.sleep(STEP_S * steps * math.ceil(len(prompts) / MAX_RUNNING))
+        if "--speculative-adaptive" in argv and len(prompts) not in SWITCHED:
+            SWITCHED.add(len(prompts))
+            with LOG_LOCK:
+                print(
+                    f"[fake] DDTREE budget by batch size: bucket {len(prompts)} runs budget "
+                    f"{WIDTH - 1} (was None); tau per budget {{{WIDTH - 1}: {ACC}}}.",
+                    flush=True,
+                )
         if stage_file := os.environ.get("SGLANG_DDTREE_STAGE_TIMES"):
             bs = min(len(prompts), MAX_RUNNING)
             with open(stage_file, "a") as f:

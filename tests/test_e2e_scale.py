@@ -313,6 +313,25 @@ def _run(tmp_path, monkeypatch, servers, *extra, out="out", **env):
     return rc, records.load(tmp_path / out / "scale.json"), started, run_log
 
 
+def test_an_adaptive_server_keeps_its_budget_switch_lines(tmp_path, monkeypatch):
+    """run.json keeps the adaptive server's switch lines (which budget each batch-size bucket ran,
+    and the tau behind it), read from its log after the levels; a fixed server has none."""
+    config = tmp_path / "budgets.json"
+    config.write_text(json.dumps({"cost_ms": {"1": {"7": 26.0, "15": 28.0}}}))
+    rc, recs, _, log = _run(
+        tmp_path,
+        monkeypatch,
+        [f"qwen3.6-27b:ddtree:adaptive={config}:acc=7@3/15@3", "qwen3.6-27b:ddtree:b=15"],
+    )
+    assert rc == 0 and len(recs) == 6
+    adaptive, fixed = log["servers"]
+    lines = adaptive["budget_switch_log"]
+    # the harness warms each level's batch size first, so every level's bucket has a line
+    assert sorted(int(ln.split()[1]) for ln in lines) == [1, 2, 4]
+    assert lines[0].endswith("runs budget 15 (was None); tau per budget {15: 3.0}.")
+    assert fixed["budget_switch_log"] == []
+
+
 def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     rc, recs, started, log = _run(
         tmp_path,
