@@ -14,7 +14,8 @@ starts it through the project's launcher helpers (:mod:`e2e.kit`), and runs clos
 each concurrency C, C requests of distinct random 512-token id prompts start together, 128 new
 tokens each, greedy, ``ignore_eos``. One record per level goes to ``<out>/scale.json`` the moment the
 level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps what
-finished; ``<out>/run.json`` says what ran, what was skipped and why; ``<out>/logs/`` holds the
+finished; ``<out>/run.json`` says what ran, what was skipped and why (and an adaptive DDTREE server's budget
+switch lines); ``<out>/logs/`` holds the
 server logs. ``python -m e2e.scale_report RESULTS.json <out> ...`` merges runs and writes the tables
 and the plot.
 
