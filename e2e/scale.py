@@ -7,17 +7,16 @@ One command, on the lent H200 (the GPU kit) or any GPU box with a stock SGLang 0
     python -m e2e.scale --out runs/scale --servers qwen3-8b:ar qwen3-8b:ddtree:b=63   # stock box
 
 For every server it writes the shape's target and DFlash drafter directories (``config.json`` only,
-:mod:`e2e.shapes`), builds the server from the model's ``server_configs/`` file for the algorithm plus
-the kit's flags and this harness's layer (``--load-format dummy --skip-tokenizer-init``, the built
-paths, CUDA graphs for decode batches up to ``--graph-bs``, the memory flags a big model needs),
-starts it through the project's launcher helpers (:mod:`e2e.kit`), and runs closed-loop levels: at
-each concurrency C, C requests of distinct random 512-token id prompts start together, 128 new
-tokens each, greedy, ``ignore_eos``. One record per level goes to ``<out>/scale.json`` the moment the
-level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps what
-finished; ``<out>/run.json`` says what ran, what was skipped and why (and an adaptive DDTREE server's budget
-switch lines); ``<out>/logs/`` holds the
-server logs. ``python -m e2e.scale_report RESULTS.json <out> ...`` merges runs and writes the tables
-and the plot.
+:mod:`e2e.shapes`), builds the server from the model's ``server_configs/`` file for the algorithm
+plus the kit's flags and this harness's layer (``--load-format dummy --skip-tokenizer-init``, the
+built paths, CUDA graphs for decode batches up to ``--graph-bs``, the memory flags a big model
+needs), starts it through the project's launcher helpers (:mod:`e2e.kit`), and runs closed-loop
+levels: at each concurrency C, C requests of distinct random 512-token id prompts start together,
+128 new tokens each, greedy, ``ignore_eos``. One record per level goes to ``<out>/scale.json`` the
+moment the level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps
+what finished; ``<out>/run.json`` says what ran, what was skipped and why (and an adaptive DDTREE
+server's budget switch lines); ``<out>/logs/`` holds the server logs. ``python -m e2e.scale_report
+RESULTS.json <out> ...`` merges runs and writes the tables and the plot.
 
 A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
 algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs ``b=BUDGET``);

@@ -7,13 +7,13 @@ The worker (tensor-parallel rank 0) then appends one JSON object per decode step
     {"bs": int, "width": int, "host_ms": {stage: float}, "gpu_ms": {stage: float},
      "gpu_between_ms": float | null}
 
-for the stages of :data:`STAGES`, in the order they ran; ``width`` is the verify width the step
-ran at (with budget by batch size it changes from step to step). Host time is ``perf_counter`` around each
-stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
-events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from
-the end of the previous timed step to the start of this one: the scheduler's own work between
-decode steps, a prefill when one ran there, and any time the GPU waited for the host (null for
-the first step). A step is written once its last event has completed, checked without waiting
+for the stages of :data:`STAGES`, in the order they ran; ``width`` is the verify width the step ran
+at (with budget by batch size it changes from step to step). Host time is ``perf_counter`` around
+each stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
+events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from the
+end of the previous timed step to the start of this one: the scheduler's own work between decode
+steps, a prefill when one ran there, and any time the GPU waited for the host (null for the first
+step). A step is written once its last event has completed, checked without waiting
 (``Event.query``) when a later decode step begins, so timing adds no synchronisation, also under
 SGLang's overlap scheduler (which launches the next step before the previous one has finished);
 :meth:`StageTimer.flush` waits for and writes what is left. Steps still running when the server
