@@ -19,23 +19,24 @@ server's budget switch lines); ``<out>/logs/`` holds the server logs. ``python -
 RESULTS.json <out> ...`` merges runs and writes the tables and the plot.
 
 A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
-algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs ``b=BUDGET``);
-options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify step forced, a
-benchmark knob; not for AR), for DDTREE also ``acc=B@TAU/B@TAU...`` (a tau per budget,
-``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``, with the largest as SGLang's knob),
+algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs
+``b=BUDGET``); options ``b=BUDGET``, ``acc=TAU`` (``SGLANG_SIMULATE_ACC_LEN=TAU``: tokens per verify
+step forced, a benchmark knob; not for AR), for DDTREE also ``acc=B@TAU/B@TAU...`` (a tau per
+budget, ``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``, with the largest as SGLang's knob),
 ``adaptive=FILE`` (DDTREE budget by batch size: ``--speculative-adaptive`` with FILE as its config;
 the budget is the file's largest, ``b=`` may be left out), ``tree-temp=T`` (DDTREE's tree
-temperature, ``SGLANG_DDTREE_TREE_TEMPERATURE``; with ``acc=`` on dummy weights see below), ``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``),
-``no-replayssm`` (hybrid DDTREE without ``--enable-linear-replayssm-spec``: SGLang's per-node GDN
-states, the verify path DFLASH uses, for a like-for-like step comparison), ``replayssm`` (hybrid
-NEXTN with SGLang's own linear ``--enable-linear-replayssm-spec``: its capacity without per-draft-
-token GDN states; SGLang 0.5.23 refuses the flag for DFLASH on GDN models, "requires a KDA model"), ``stages``
+temperature, ``SGLANG_DDTREE_TREE_TEMPERATURE``; with ``acc=`` on dummy weights see below),
+``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``no-replayssm`` (hybrid DDTREE without
+``--enable-linear-replayssm-spec``: SGLang's per-node GDN states, the verify path DFLASH uses, for a
+like-for-like step comparison), ``replayssm`` (hybrid NEXTN with SGLang's own linear
+``--enable-linear-replayssm-spec``: its capacity without per-draft-token GDN states; SGLang 0.5.23
+refuses the flag for DFLASH on GDN models, "requires a KDA model"), ``stages``
 (``SGLANG_DDTREE_STAGE_TIMES``: DDTREE's per-stage step times, DFLASH's whole step as one stage,
-both with the GPU time between steps; summarised per batch size),
-``profile=C[,C...]`` (after the levels, a torch-profiler trace of ``--profile-steps`` decode steps
-at each C, summarised by :mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the
-trace starts at the first decode batch of at least the smallest of these C, so each C's prompts
-must fit one prefill batch: C x 512 tokens <= SGLang's chunked prefill size).
+both with the GPU time between steps; summarised per batch size), ``profile=C[,C...]`` (after the
+levels, a torch-profiler trace of ``--profile-steps`` decode steps at each C, summarised by
+:mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the trace starts at the first
+decode batch of at least the smallest of these C, so each C's prompts must fit one prefill batch:
+C x 512 tokens <= SGLang's chunked prefill size).
 
 Budgets below the drafter's horizon at a stated tau: with dummy weights the drafter's distributions
 are flat (SGLang draws every weight from U(-1e-3, 1e-3)), so best-first selection spends a budget of
