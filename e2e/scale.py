@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import kit, records
-from e2e.scale_report import stage_key
+from e2e.scale_report import level_tables, stage_key
 from e2e.shapes import SHAPES, Shape, write_model_dirs
 from sglang_spec.plugin import MAX_VERIFY_WIDTH
 from sglang_spec.serving.configs import ServerConfig
@@ -792,8 +792,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_table(path: Path) -> None:
-    from e2e.scale_report import level_tables
-
     if path.exists():
         print(level_tables(records.load(path)), flush=True)
 
