@@ -6,7 +6,8 @@
 # `run` times main's kernel first (the files as checked out), then each alt/<branch>/ with its
 # files copied over the tracked ones, then restores them: `benchmarks/gdn_tree_recurrence.py
 # --sweep` per variant into $OUT/<variant>.md and .json (checks included: a wrong kernel fails its
-# run). FILES lists what a variant replaces.
+# run). FILES lists what a variant replaces; VARIANT_ARGS replaces the benchmark's arguments
+# (default --sweep), e.g. VARIANT_ARGS="--sweep --bs 1 8 32 --widths 17 32 64".
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,11 +36,11 @@ run)
       for f in "${FILES[@]}"; do cp "$variant/$f" "$f"; done
     fi
     timeout "${VARIANT_LIMIT_S:-200}" "${SGLANG_KIT_PYTHON:-python3}" benchmarks/gdn_tree_recurrence.py \
-      --sweep --json "$OUT/$name.json" >"$OUT/$name.md" 2>&1
+      ${VARIANT_ARGS:---sweep} --json "$OUT/$name.json" >"$OUT/$name.md" 2>&1
     status=$?
     echo "$name rc $status"
     [ $status -eq 0 ] || rc=1
-    grep -E '^\| (1|8|32) \| (17|65) \|' "$OUT/$name.md" | head -6
+    grep -E '^\| (1|8|32) \| [0-9]+ \|' "$OUT/$name.md" | head -12
     for f in "${FILES[@]}"; do cp "/tmp/kernel_variants_main/$f" "$f"; done
   done
   exit $rc
