@@ -235,3 +235,92 @@ def test_triton_save_equals_torch_under_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
 def test_triton_save_equals_torch_on_cuda():
     check_triton_save_equals_torch("cuda")
+
+
+def check_triton_tree_conv_equals_torch(device: str = "cpu") -> None:
+    """The Triton tree conv (one launch per layer) gives the torch form's outputs: real trees with
+    padding slots, a padding request (slot -1: reads the dummy slot 0), channels and nodes spanning
+    several blocks, a conv state laid out as SGLang's (channels contiguous), a strided input view,
+    with and without a bias; on CUDA also bf16 activations on a float32 conv state (the Triton
+    interpreter garbles bf16)."""
+    from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn.tree_conv import tree_conv
+    from sglang_spec.gdn.triton_tree_conv import (
+        TREE_CONV_CHANNELS,
+        TREE_CONV_NODES,
+        tree_conv_triton,
+    )
+
+    g = torch.Generator().manual_seed(1)
+    channels, bs = TREE_CONV_CHANNELS + 40, 3
+    parents = _trees(bs, TREE_CONV_NODES + 2, 1)
+    parents = torch.cat([parents, torch.full((bs, 3), -1)], 1)  # three padding slots
+    n = parents.shape[1]
+    assert n > TREE_CONV_NODES  # two node blocks
+    paths = tree_paths(parents, width=8).to(torch.int32)
+    slots = torch.tensor([4, -1, 2], dtype=torch.int32)
+    cases = [(torch.float32, torch.float32, True), (torch.float32, torch.float32, False)]
+    if device == "cuda":
+        cases.append((torch.float32, torch.bfloat16, False))
+    for conv_dtype, act_dtype, with_bias in cases:
+        states = torch.randn(SLOTS, W - 1, channels, generator=g).to(conv_dtype).transpose(1, 2)
+        wide = torch.randn(bs * n, channels + 5, generator=g).to(act_dtype)
+        x = wide[:, 2 : 2 + channels]
+        weight = torch.randn(channels, W, generator=g).to(act_dtype)
+        bias = torch.randn(channels, generator=g).to(act_dtype) if with_bias else None
+        want = tree_conv(x, states, weight, bias, True, slots, paths)
+        got = tree_conv_triton(
+            *(t.to(device) for t in (x, states, weight)),
+            None if bias is None else bias.to(device),
+            True,
+            slots.to(device),
+            paths.to(device),
+        ).cpu()
+        assert got.dtype == act_dtype
+        tol = 1e-6 if act_dtype == torch.float32 else 2**-8  # bf16 outputs: one rounding step
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_triton_tree_conv_equals_torch_under_interpreter():
+    from tree_testing import run_under_triton_interpreter
+
+    run_under_triton_interpreter(
+        "test_gdn_tree_conv", "check_triton_tree_conv_equals_torch", "CONV_OK"
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
+def test_triton_tree_conv_equals_torch_on_cuda():
+    check_triton_tree_conv_equals_torch("cuda")
+
+
+def test_tree_conv_is_the_causal_conv_along_each_path():
+    """Oracle: per node, the definition -- the last W entries of "pre-verify state columns, then the
+    inputs along its root-first path", dotted with the weight, plus the bias, SiLU -- on trees
+    deeper than the kernel (state columns run out) and shallower (state columns used)."""
+    from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn.tree_conv import tree_conv
+
+    g = torch.Generator().manual_seed(2)
+    bs = 2
+    parents = _trees(bs, 12, 2)
+    n = parents.shape[1]
+    states = torch.randn(SLOTS, C, W - 1, generator=g, dtype=torch.float64)
+    x = torch.randn(bs * n, C, generator=g, dtype=torch.float64)
+    weight = torch.randn(C, W, generator=g, dtype=torch.float64)
+    bias = torch.randn(C, generator=g, dtype=torch.float64)
+    slots = torch.tensor([3, 5])
+    got = tree_conv(x, states, weight, bias, True, slots, tree_paths(parents, width=16))
+    depths = []
+    for b in range(bs):
+        for i in range(n):
+            if i > 0 and parents[b, i] < 0:
+                continue  # a padding slot
+            path = _path(parents[b], i)
+            depths.append(len(path) - 1)
+            seq = torch.cat(
+                [states[slots[b]].T, x[b * n + torch.tensor(path)]]
+            )  # [W - 1 + D + 1, C]
+            pre = (seq[-W:] * weight.T).sum(0) + bias
+            torch.testing.assert_close(got[b * n + i], pre * torch.sigmoid(pre))
+    assert min(depths) < W - 1 < max(depths)

@@ -59,8 +59,13 @@ from sglang_kernel_gdn import run_sglang_gdn_subprocess
 from transformers import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
-from sglang_spec.gdn import gdn_tree_commit, gdn_tree_forward, tree_depth
-from sglang_spec.gdn.tree_conv import commit_conv_states, conv_inputs_buffer, save_conv_inputs
+from sglang_spec.gdn import gdn_tree_commit, gdn_tree_forward, tree_depth, tree_paths
+from sglang_spec.gdn.tree_conv import (
+    commit_conv_states,
+    conv_inputs_buffer,
+    save_conv_inputs,
+    tree_conv,
+)
 from sglang_spec.gdn.tree_gdn import _conv_window_index
 from sglang_spec.tree import DraftTree, TreeMaskMode, build_ddtree, sglang_tree_abi
 
@@ -326,6 +331,25 @@ def test_conv_outputs(results, name):
     windows = ref["states"].conv[valid]  # [M, C, K]
     want = F.silu((windows * c["conv_weight"]).sum(-1))
     torch.testing.assert_close(sg["conv_out"][valid], want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tree_conv_equals_sglangs_tree_conv_kernel(results, name):
+    """sglang_spec.gdn.tree_conv.tree_conv, which patch 0002 runs in place of SGLang's tree-mode
+    causal_conv1d_update, gives that kernel's outputs on every real node: the same float32 sums in
+    the same order, from the pre-verify pool and the root-first paths; the last bit may differ
+    through SiLU's exp (numpy's in the interpreter, torch's here)."""
+    c, sg, ref = results[name]
+    tree = ref["tree"]
+    bs, n = tree.parents.shape
+    paths = tree_paths(tree.parents).to(torch.int32)
+    got = tree_conv(
+        c["mixed_qkv"], c["conv_pool"], c["conv_weight"], None, True, c["cache_indices"], paths
+    )
+    valid = tree.depths >= 0
+    torch.testing.assert_close(
+        got.view(bs, n, -1)[valid], sg["conv_out"][valid], rtol=2.5e-7, atol=1.2e-7
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))

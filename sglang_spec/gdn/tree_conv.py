@@ -8,9 +8,11 @@ conv state before the verify, then the inputs along the node's root-first path",
 ``W - 1`` pre-verify state columns and one input column per node (``[W - 1 + N, C]`` per request,
 0.067 GB) is enough to rebuild it (docs/gdn-tree-caching.md §7):
 
-* :func:`save_conv_inputs` -- in the verify (patch 0002), before SGLang's conv kernel shifts the
-  conv state in place: a request row ``[pre-verify state columns | node inputs]`` (one Triton
-  launch per layer on CUDA);
+* :func:`save_conv_inputs` -- in the verify (patch 0002): a request row ``[pre-verify state
+  columns | node inputs]`` (one Triton launch per layer on CUDA);
+* :func:`tree_conv` -- in the verify, in place of SGLang's conv kernel: every node's conv output
+  from the pre-verify state and its ancestors' inputs, all nodes at once (SGLang's tree-mode kernel
+  walks the nodes one after another, about 64 µs per layer at width 64 on the H200);
 * :func:`commit_conv_states` -- in the commit (patch 0003): the new conv state of every request
   (and the extra_buffer track snapshot) gathered from those rows along the accepted path, all
   layers in one go.
@@ -69,6 +71,55 @@ def save_conv_inputs(
     inputs[rows, :state_len] = conv_states[cache_indices.clamp(min=0)].transpose(1, 2)
     # the conv dtype (SGLANG_MAMBA_CONV_DTYPE) may differ from the activations'
     inputs[rows, state_len : state_len + width] = mixed_qkv.view(bs, width, -1).to(inputs.dtype)
+
+
+def tree_conv(
+    x: torch.Tensor,
+    conv_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    cache_indices: torch.Tensor,
+    paths: torch.Tensor,
+) -> torch.Tensor:
+    """One layer's conv over the verify's trees, every node at once: ``o [bs * N, C]`` in ``x``'s
+    dtype.
+
+    Node ``i``'s window is the last ``W`` entries of "the conv state ``conv_states[cache_indices[b]]``
+    (``[slots, C, W - 1]``, read only; ``< 0``: a padding request, which reads SGLang's dummy slot
+    0), then the inputs ``x [bs * N, C]`` along its root-first path ``paths [bs, N, P]``" (int32,
+    -1 padded; a slot with no path gets finite filler); ``weight [C, W]``, ``bias [C]``. The sums
+    are SGLang's tree-mode ``causal_conv1d_update``'s, bit for bit: the float32 accumulator starts
+    at the bias and takes ``x * w`` (in the operands' dtype) of the node, its parent, its
+    grandparent, ... then SiLU when ``silu``. Unlike SGLang's kernel it leaves the conv state as it
+    is: the commit (:func:`commit_conv_states`) writes it from the saved inputs. On CUDA one
+    Triton launch (:mod:`.triton_tree_conv`).
+    """
+    if x.is_cuda:
+        from .triton_tree_conv import tree_conv_triton
+
+        return tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths)
+    bs, n, _ = paths.shape
+    channels, kernel = weight.shape
+    state_len = kernel - 1
+    states = conv_states[cache_indices.clamp(min=0).long()]  # [bs, C, W - 1]
+    depth = (paths >= 0).sum(-1, keepdim=True) - 1  # [bs, N, 1]
+    batch = torch.arange(bs, device=x.device)[:, None]
+    acc = torch.zeros(bs, n, channels, dtype=torch.float32, device=x.device)
+    if bias is not None:
+        acc += bias.float()
+    for back in range(kernel):  # 0: the node itself, 1: its parent, ...
+        at = depth - back  # its path position, < 0: a pre-verify state column
+        node = paths.long().gather(2, at.clamp(min=0)).squeeze(2)
+        from_x = x.view(bs, n, channels)[batch, node.clamp(min=0)]
+        column = (state_len + at.squeeze(2)).clamp(min=0, max=state_len - 1)
+        from_state = states.transpose(1, 2)[batch, column]
+        acc += torch.where(
+            at >= 0, from_x * weight[:, -1 - back], from_state * weight[:, -1 - back]
+        )
+    if silu:
+        acc = acc / (1 + torch.exp(-acc))
+    return acc.to(x.dtype).view(bs * n, channels)
 
 
 def _window_columns(

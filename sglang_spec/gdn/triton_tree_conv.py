@@ -1,9 +1,15 @@
-"""Triton twin of :func:`sglang_spec.gdn.tree_conv.save_conv_inputs`: one launch per layer.
+"""Triton twins of :func:`sglang_spec.gdn.tree_conv.save_conv_inputs` and
+:func:`~sglang_spec.gdn.tree_conv.tree_conv`: one launch per layer each.
 
-The torch form is a gather, a transposed index-put and a second index-put (three or four kernels
-per GDN layer inside the verify's CUDA graph, 48 layers on the Qwen3.6-27B shape); this kernel
-writes a request row's ``[pre-verify state columns | node inputs]`` in one pass. Program
-``(b, column, channel block)`` copies one column of request ``b``'s row.
+- ``_save_conv_inputs_kernel``: the torch form is a gather, a transposed index-put and a second
+  index-put (three or four kernels per GDN layer inside the verify's CUDA graph, 48 layers on the
+  Qwen3.6-27B shape); this kernel writes a request row's ``[pre-verify state columns | node
+  inputs]`` in one pass. Program ``(b, column, channel block)`` copies one column of request
+  ``b``'s row.
+- ``_tree_conv_kernel``: program ``(b, node block, channel block)`` forms the conv output of
+  ``BN`` nodes at once: per tap, each node's input from its path row (or a pre-verify state
+  column), times the tap's weight, into a float32 accumulator, in the order and the dtypes of
+  SGLang's tree-mode ``_causal_conv1d_update_kernel`` (which visits the nodes one at a time).
 """
 
 from __future__ import annotations
@@ -83,3 +89,114 @@ def save_conv_inputs_triton(
         BLOCK=BLOCK_C,
         num_warps=4,
     )
+
+
+#: Nodes and channels per ``_tree_conv_kernel`` program.
+TREE_CONV_NODES = 16
+TREE_CONV_CHANNELS = 256
+
+
+@triton.jit
+def _tree_conv_kernel(
+    x_ptr,
+    states_ptr,
+    w_ptr,
+    bias_ptr,
+    slots_ptr,
+    paths_ptr,
+    o_ptr,
+    s_x_tok,
+    s_st_slot,
+    s_st_c,
+    s_st_col,
+    s_w_c,
+    s_w_k,
+    C,
+    N,
+    P: tl.constexpr,
+    KERNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BN: tl.constexpr,
+    BC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    i = tl.program_id(1) * BN + tl.arange(0, BN)
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    ok_i = i < N
+    ok_c = c < C
+    ok = ok_i[:, None] & ok_c[None, :]
+    slot = tl.maximum(tl.load(slots_ptr + b).to(tl.int64), 0)  # a padding request reads slot 0
+    row = paths_ptr + (b * N + i) * P
+    depth = tl.zeros([BN], dtype=tl.int32) - 1
+    for t in range(P):
+        depth += (tl.load(row + t, mask=ok_i, other=-1) >= 0).to(tl.int32)
+    if HAS_BIAS:
+        acc = tl.load(bias_ptr + c, mask=ok_c, other=0.0).to(tl.float32)[None, :]
+        acc = tl.broadcast_to(acc, [BN, BC])
+    else:
+        acc = tl.zeros([BN, BC], dtype=tl.float32)
+    for back in tl.static_range(KERNEL):  # 0: the node itself, 1: its parent, ...
+        w = tl.load(w_ptr + c * s_w_c + (KERNEL - 1 - back) * s_w_k, mask=ok_c, other=0.0)
+        at = depth - back  # the path position, < 0: a pre-verify state column
+        on_path = at >= 0
+        node = tl.load(row + tl.maximum(at, 0), mask=ok_i & on_path, other=0)
+        from_x = tl.load(
+            x_ptr + (b * N + node).to(tl.int64)[:, None] * s_x_tok + c[None, :],
+            mask=ok & on_path[:, None],
+            other=0.0,
+        )
+        column = tl.minimum(tl.maximum(KERNEL - 1 + at, 0), KERNEL - 2)
+        from_state = tl.load(
+            states_ptr + slot * s_st_slot + c[None, :] * s_st_c + column[:, None] * s_st_col,
+            mask=ok & ~on_path[:, None],
+            other=0.0,
+        )
+        acc += tl.where(on_path[:, None], from_x * w[None, :], from_state * w[None, :])
+    if SILU:
+        acc = acc / (1 + tl.exp(-acc))
+    tl.store(o_ptr + (b * N + i).to(tl.int64)[:, None] * C + c[None, :], acc, mask=ok)
+
+
+def tree_conv_triton(
+    x: torch.Tensor,
+    conv_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    cache_indices: torch.Tensor,
+    paths: torch.Tensor,
+) -> torch.Tensor:
+    """``tree_conv`` in one launch (same arguments; ``x``'s last dim contiguous, ``paths``
+    contiguous int32)."""
+    bs, n, width = paths.shape
+    channels, kernel = weight.shape
+    if x.stride(-1) != 1 or paths.dtype != torch.int32 or not paths.is_contiguous():
+        raise ValueError(
+            f"x needs a contiguous last dim and paths must be contiguous int32; got x strides "
+            f"{x.stride()}, paths {paths.dtype} contiguous={paths.is_contiguous()}"
+        )
+    o = torch.empty(bs * n, channels, dtype=x.dtype, device=x.device)
+    grid = (bs, triton.cdiv(n, TREE_CONV_NODES), triton.cdiv(channels, TREE_CONV_CHANNELS))
+    _tree_conv_kernel[grid](
+        x,
+        conv_states,
+        weight,
+        weight if bias is None else bias,  # unread without HAS_BIAS
+        cache_indices,
+        paths,
+        o,
+        x.stride(0),
+        *conv_states.stride(),
+        *weight.stride(),
+        channels,
+        n,
+        P=width,
+        KERNEL=kernel,
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        BN=TREE_CONV_NODES,
+        BC=TREE_CONV_CHANNELS,
+        num_warps=4,
+    )
+    return o
