@@ -61,13 +61,29 @@ def compile_sm90(
 
 # Qwen3.6-27B's GDN: 16 key heads, 48 value heads, K = V = 128; DDTREE(63): N = 64, W = 16.
 @pytest.mark.parametrize("sglang_mode,ring", [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("requests", [1, 32])
-def test_tree_kernel_compiles_for_sm90(sglang_mode, ring, requests):
+@pytest.mark.parametrize("requests", [1, 8, 32])
+def test_tree_kernel_compiles_for_sm90_without_spilling(sglang_mode, ring, requests):
+    """At the tile the launcher picks (one warp), the tree kernel keeps its state tile and the next
+    node's inputs in registers: no stack frame (a 32-wide tile spilled about 1.5 KB per thread)."""
     bv = ttr.choose_block_v(128, requests * 48)
-    consts = dict(W=16, BT=16, BN=64, SGLANG=sglang_mode, RING=ring)
+    consts = dict(W=16, BW=16, BN=64, SGLANG=sglang_mode, RING=ring)
     consts |= ttr._head_consts(16, 48, 128, 128, bv)
-    asm = compile_sm90(ttr._tree_kernel, consts, ints_32=("N",))
+    asm = compile_sm90(
+        ttr._tree_kernel, consts, ints_32=("N",), options=dict(num_warps=ttr.TREE_WARPS)
+    )
     assert asm["cubin"]
+    assert _ptxas_stack_bytes(asm) == 0, bv
+
+
+@pytest.mark.parametrize("act", ["*bf16", "*fp32"])
+def test_tree_conv_kernel_compiles_for_sm90(act):
+    from sglang_spec.gdn import triton_tree_conv as ttc
+
+    types = dict(x_ptr=act, states_ptr=act, w_ptr=act, bias_ptr=act, o_ptr=act)
+    types |= dict(slots_ptr="*i64", paths_ptr="*i32", C="i32", N="i32")
+    consts = dict(P=16, KERNEL=4, HAS_BIAS=False, SILU=True)
+    consts |= dict(BN=ttc.TREE_CONV_NODES, BC=ttc.TREE_CONV_CHANNELS)
+    assert compile_sm90(ttc._tree_conv_kernel, consts, types=types)["cubin"]
 
 
 def test_replay_kernel_compiles_for_sm90():

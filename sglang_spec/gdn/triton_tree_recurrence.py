@@ -17,10 +17,11 @@ built once per verify step with a fixed width (``tree_paths(parents, width=horiz
   prologue forms every node's log-decay sum along its path, ``gamma``, in one vectorised pass over
   the path table (``W`` gathers of all ``N`` nodes at once) into a float32 scratch. It then keeps
   its ``[K, BV]`` tile of the initial state in registers and visits the nodes in index order
-  (parents come first). Per node it loads ``k_i``, ``q_i`` (for ``S0^T k_i``, ``S0^T q_i``; normed
-  with the prep's inverse norms), its prep row, and per ``BT``-slot chunk of its path row the
-  ancestors' ``gamma`` and update vectors ``[BT, BV]`` (written by this same program for earlier
-  nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The scratch is
+  (parents come first). What a node needs that no other node's ``u`` decides (``_node_inputs``:
+  ``k_i``, ``q_i`` normed with the prep's inverse norms, ``S0^T k_i``, ``S0^T q_i``, ``v_i``, its
+  path row and the ancestors' decay-weighted key products) is loaded one node ahead, so a node
+  waits only on its ancestors' update vectors ``[W, BV]`` (written by this same program for
+  earlier nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The scratch is
   ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, then the node's ``g`` and
   ``gamma``.
 
@@ -232,7 +233,7 @@ def _tree_kernel(
     DV: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    BT: tl.constexpr,
+    BW: tl.constexpr,
     BN: tl.constexpr,
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
@@ -250,7 +251,6 @@ def _tree_kernel(
     # prep: contiguous [bs * N, HK, 2 * W + 3] (KK, QK, q.k, 1 / |k|, 1 / |q|)
     o_off = b * N * HV * DV + hv * DV
     SP: tl.constexpr = DV + 2
-    PW: tl.constexpr = 2 * W + 3
     HK: tl.constexpr = HV // GRP
     scr = scr_ptr + b * N * HV * SP + hv * SP
     if row < 0:  # an SGLang padding request: zeros out, nothing else written
@@ -268,6 +268,10 @@ def _tree_kernel(
         ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
         ring_v = ring_v_ptr + ring_row * srv_r + hv * srv_h
         stores_k = (tl.program_id(0) == 0) & (hv % GRP == 0)  # one program per key head
+    else:  # unread
+        ring_k = ring_k_ptr
+        ring_v = ring_v_ptr
+        stores_k = False
 
     # prologue: every node's g (SGLANG: formed from a, b) and gamma = sum of g along its path
     offs_n = tl.arange(0, BN)
@@ -302,58 +306,175 @@ def _tree_kernel(
     tl.store(scr + offs_n * (HV * SP) + DV + 1, gamma_n, mask=ok_n)
     tl.debug_barrier()
 
+    # node 0's u-independent inputs; each node issues the next node's while it waits on its
+    # ancestors' u (the only load that depends on earlier nodes)
+    nxt = _node_inputs(
+        0,
+        b,
+        hv,
+        hk,
+        N,
+        q_base,
+        k_base,
+        v_base,
+        beta_ptr,
+        paths_ptr,
+        prep_ptr,
+        scr,
+        s0,
+        offs_k,
+        offs_v,
+        ok_k,
+        ok_v,
+        sq_n,
+        sk_n,
+        sv_n,
+        sbeta_b,
+        sbeta_n,
+        sbeta_h,
+        scale,
+        ring_k,
+        ring_v,
+        srk_n,
+        srv_n,
+        stores_k,
+        W,
+        HV,
+        HK,
+        DV,
+        BW,
+        SGLANG,
+        RING,
+    )
     for i in range(N):
-        prow = paths_ptr + (b * N + i) * W
-        pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
-        k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
-        q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
-        v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
-        if SGLANG:
-            if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
-                tl.store(
-                    ring_v + i * srv_n + offs_v, v_i.to(ring_v_ptr.dtype.element_ty), mask=ok_v
-                )
-                if stores_k:
-                    tl.store(
-                        ring_k + i * srk_n + offs_k,
-                        k_i.to(ring_k_ptr.dtype.element_ty),
-                        mask=ok_k,
-                    )
-            q_i *= tl.load(pre + 2 * W + 2)  # the l2-norms from the prep, then the scale
-            k_i *= tl.load(pre + 2 * W + 1)
-            q_i = q_i * scale
-        beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
-        if SGLANG:
-            beta_i = _sglang_beta(beta_i)
-        gamma = tl.load(scr + i * (HV * SP) + DV + 1)
-        corr_u = tl.zeros([BV], dtype=tl.float32)
-        corr_o = tl.zeros([BV], dtype=tl.float32)
-        for t0 in tl.static_range(0, W, BT):
-            t = t0 + tl.arange(0, BT)
-            node = tl.load(prow + t, mask=t < W, other=-1)
-            anc = (node >= 0) & (node != i)
-            gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
-            w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
-            u_anc = tl.load(
-                scr + node[:, None] * (HV * SP) + offs_v[None, :],
-                mask=anc[:, None] & ok_v[None, :],
-                other=0.0,
-            )
-            kk = tl.load(pre + t, mask=anc, other=0.0)
-            qk = tl.load(pre + W + t, mask=anc, other=0.0)
-            corr_u += tl.sum((w * kk)[:, None] * u_anc, 0)
-            corr_o += tl.sum((w * qk)[:, None] * u_anc, 0)
-        decay = tl.exp(gamma)
-        u_i = beta_i * (v_i - decay * tl.sum(s0 * k_i[:, None], 0) - corr_u)
+        node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, qk_self, real = nxt
+        nxt = _node_inputs(
+            tl.minimum(i + 1, N - 1),
+            b,
+            hv,
+            hk,
+            N,
+            q_base,
+            k_base,
+            v_base,
+            beta_ptr,
+            paths_ptr,
+            prep_ptr,
+            scr,
+            s0,
+            offs_k,
+            offs_v,
+            ok_k,
+            ok_v,
+            sq_n,
+            sk_n,
+            sv_n,
+            sbeta_b,
+            sbeta_n,
+            sbeta_h,
+            scale,
+            ring_k,
+            ring_v,
+            srk_n,
+            srv_n,
+            stores_k,
+            W,
+            HV,
+            HK,
+            DV,
+            BW,
+            SGLANG,
+            RING,
+        )
+        u_anc = tl.load(
+            scr + node[:, None] * (HV * SP) + offs_v[None, :],
+            mask=anc[:, None] & ok_v[None, :],
+            other=0.0,
+        )
+        u_i = beta_i * (v_i - decay * s0k - tl.sum(w_kk[:, None] * u_anc, 0))
         tl.store(scr + i * (HV * SP) + offs_v, u_i, mask=ok_v)
         tl.debug_barrier()  # later nodes of this program read u_i back
-        o_i = decay * tl.sum(s0 * q_i[:, None], 0) + corr_o + tl.load(pre + 2 * W) * u_i
-        real = tl.load(prow) >= 0  # a padding slot has no path
+        o_i = decay * s0q + tl.sum(w_qk[:, None] * u_anc, 0) + qk_self * u_i
         tl.store(
             o_ptr + o_off + i * (HV * DV) + offs_v,
             tl.where(real, o_i, 0.0).to(o_ptr.dtype.element_ty),
             mask=ok_v,
         )
+
+
+@triton.jit
+def _node_inputs(
+    i,
+    b,
+    hv,
+    hk,
+    N,
+    q_base,
+    k_base,
+    v_base,
+    beta_ptr,
+    paths_ptr,
+    prep_ptr,
+    scr,
+    s0,
+    offs_k,
+    offs_v,
+    ok_k,
+    ok_v,
+    sq_n,
+    sk_n,
+    sv_n,
+    sbeta_b,
+    sbeta_n,
+    sbeta_h,
+    scale,
+    ring_k,
+    ring_v,
+    srk_n,
+    srv_n,
+    stores_k,
+    W: tl.constexpr,
+    HV: tl.constexpr,
+    HK: tl.constexpr,
+    DV: tl.constexpr,
+    BW: tl.constexpr,
+    SGLANG: tl.constexpr,
+    RING: tl.constexpr,
+):
+    """What node ``i`` needs that no other node's ``u`` decides: its path row (``node``, the
+    ancestor mask), the decay-weighted key and query products with its ancestors, ``S0^T k_i``,
+    ``S0^T q_i``, ``v_i``, ``beta_i``, ``e^gamma_i``, ``q_i . k_i`` and whether it is a real node
+    (RING: it also stores node ``i``'s raw ``k``, ``v``)."""
+    SP: tl.constexpr = DV + 2
+    PW: tl.constexpr = 2 * W + 3
+    pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
+    k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+    if SGLANG:
+        if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
+            tl.store(ring_v + i * srv_n + offs_v, v_i.to(ring_v.dtype.element_ty), mask=ok_v)
+            if stores_k:
+                tl.store(ring_k + i * srk_n + offs_k, k_i.to(ring_k.dtype.element_ty), mask=ok_k)
+        q_i *= tl.load(pre + 2 * W + 2)  # the l2-norms from the prep, then the scale
+        k_i *= tl.load(pre + 2 * W + 1)
+        q_i = q_i * scale
+    beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
+    if SGLANG:
+        beta_i = _sglang_beta(beta_i)
+    gamma = tl.load(scr + i * (HV * SP) + DV + 1)
+    t = tl.arange(0, BW)
+    node = tl.load(paths_ptr + (b * N + i) * W + t, mask=t < W, other=-1)
+    anc = (node >= 0) & (node != i)
+    gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
+    w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
+    w_kk = w * tl.load(pre + t, mask=anc, other=0.0)
+    w_qk = w * tl.load(pre + W + t, mask=anc, other=0.0)
+    real = tl.max(node, 0) >= 0  # a padding slot has no path
+    decay = tl.exp(gamma)
+    s0k = tl.sum(s0 * k_i[:, None], 0)
+    s0q = tl.sum(s0 * q_i[:, None], 0)
+    return node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, tl.load(pre + 2 * W), real
 
 
 @triton.jit
@@ -423,14 +544,15 @@ def _last_dim_contiguous(*xs: torch.Tensor) -> list[torch.Tensor]:
 
 
 def choose_block_v(dv: int, requests_x_heads: int, override: int | None = None) -> int:
-    """The value tile width: the widest power of two in 4..32 (at most ``dv`` rounded up) that still
-    gives ``TARGET_PROGRAMS`` programs, so small batches spread over more programs. ``override``
-    (a power of two) is returned as is."""
+    """The value tile width: the widest power of two in 4..16 (at most ``dv`` rounded up) that still
+    gives ``TARGET_PROGRAMS`` programs, so small batches spread over more programs (at 32 the tree
+    kernel spills registers at the 27B shape, one warp: ``tests/test_triton_compile_sm90.py``).
+    ``override`` (a power of two) is returned as is."""
     if override is not None:
         if override < 1 or override & (override - 1):
             raise ValueError(f"block_v must be a power of two; got {override}")
         return override
-    bv = min(32, triton.next_power_of_2(dv))
+    bv = min(16, triton.next_power_of_2(dv))
     while bv > 4 and requests_x_heads * triton.cdiv(dv, bv) < TARGET_PROGRAMS:
         bv //= 2
     return bv
@@ -565,7 +687,7 @@ def launch_tree_kernel(
         scale,
         n,
         W=width,
-        BT=min(16, triton.next_power_of_2(width)),
+        BW=triton.next_power_of_2(width),
         BN=triton.next_power_of_2(n),
         SGLANG=sglang is not None,
         RING=ring is not None,
