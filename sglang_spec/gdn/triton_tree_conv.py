@@ -158,17 +158,9 @@ def _tree_conv_kernel(
     tl.store(o_ptr + (b * N + i).to(tl.int64)[:, None] * C + c[None, :], acc, mask=ok)
 
 
-def tree_conv_triton(
-    x: torch.Tensor,
-    conv_states: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    silu: bool,
-    cache_indices: torch.Tensor,
-    paths: torch.Tensor,
-) -> torch.Tensor:
-    """``tree_conv`` in one launch (same arguments; ``x``'s last dim contiguous, ``paths``
-    contiguous int32)."""
+def tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths) -> torch.Tensor:
+    """``tree_conv`` in one launch (same arguments and types; ``x``'s last dim contiguous,
+    ``paths`` contiguous int32)."""
     bs, n, width = paths.shape
     channels, kernel = weight.shape
     if x.stride(-1) != 1 or paths.dtype != torch.int32 or not paths.is_contiguous():

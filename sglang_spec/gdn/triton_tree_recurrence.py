@@ -308,83 +308,15 @@ def _tree_kernel(
 
     # node 0's u-independent inputs; each node issues the next node's while it waits on its
     # ancestors' u (the only load that depends on earlier nodes)
-    nxt = _node_inputs(
-        0,
-        b,
-        hv,
-        hk,
-        N,
-        q_base,
-        k_base,
-        v_base,
-        beta_ptr,
-        paths_ptr,
-        prep_ptr,
-        scr,
-        s0,
-        offs_k,
-        offs_v,
-        ok_k,
-        ok_v,
-        sq_n,
-        sk_n,
-        sv_n,
-        sbeta_b,
-        sbeta_n,
-        sbeta_h,
-        scale,
-        ring_k,
-        ring_v,
-        srk_n,
-        srv_n,
-        stores_k,
-        W,
-        HV,
-        HK,
-        DV,
-        BW,
-        SGLANG,
-        RING,
-    )
+    request = (b, hv, hk, N, scale, stores_k)
+    ptrs = (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
+    strides = (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
+    tile = (s0, offs_k, offs_v, ok_k, ok_v)
+    nxt = _node_inputs(0, request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING)
     for i in range(N):
         node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, qk_self, real = nxt
         nxt = _node_inputs(
-            tl.minimum(i + 1, N - 1),
-            b,
-            hv,
-            hk,
-            N,
-            q_base,
-            k_base,
-            v_base,
-            beta_ptr,
-            paths_ptr,
-            prep_ptr,
-            scr,
-            s0,
-            offs_k,
-            offs_v,
-            ok_k,
-            ok_v,
-            sq_n,
-            sk_n,
-            sv_n,
-            sbeta_b,
-            sbeta_n,
-            sbeta_h,
-            scale,
-            ring_k,
-            ring_v,
-            srk_n,
-            srv_n,
-            stores_k,
-            W,
-            HV,
-            HK,
-            DV,
-            BW,
-            SGLANG,
-            RING,
+            tl.minimum(i + 1, N - 1), request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING
         )
         u_anc = tl.load(
             scr + node[:, None] * (HV * SP) + offs_v[None, :],
@@ -405,34 +337,10 @@ def _tree_kernel(
 @triton.jit
 def _node_inputs(
     i,
-    b,
-    hv,
-    hk,
-    N,
-    q_base,
-    k_base,
-    v_base,
-    beta_ptr,
-    paths_ptr,
-    prep_ptr,
-    scr,
-    s0,
-    offs_k,
-    offs_v,
-    ok_k,
-    ok_v,
-    sq_n,
-    sk_n,
-    sv_n,
-    sbeta_b,
-    sbeta_n,
-    sbeta_h,
-    scale,
-    ring_k,
-    ring_v,
-    srk_n,
-    srv_n,
-    stores_k,
+    request,  # (b, hv, hk, N, scale, stores_k)
+    ptrs,  # (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
+    strides,  # (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
+    tile,  # (s0, offs_k, offs_v, ok_k, ok_v)
     W: tl.constexpr,
     HV: tl.constexpr,
     HK: tl.constexpr,
@@ -445,6 +353,10 @@ def _node_inputs(
     ancestor mask), the decay-weighted key and query products with its ancestors, ``S0^T k_i``,
     ``S0^T q_i``, ``v_i``, ``beta_i``, ``e^gamma_i``, ``q_i . k_i`` and whether it is a real node
     (RING: it also stores node ``i``'s raw ``k``, ``v``)."""
+    b, hv, hk, N, scale, stores_k = request
+    q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v = ptrs
+    sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n = strides
+    s0, offs_k, offs_v, ok_k, ok_v = tile
     SP: tl.constexpr = DV + 2
     PW: tl.constexpr = 2 * W + 3
     pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
