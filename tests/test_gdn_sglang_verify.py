@@ -214,6 +214,17 @@ def test_tree_verify_without_paths_is_refused():
         )
 
 
+def test_verify_tree_paths_gives_the_batchs_rows_or_refuses_none():
+    """The patched verify's tree conv takes its path table from here, before the tree kernel: a
+    verify input without one (EAGLE's own tree) gets the one-line error, not a TypeError."""
+    from sglang_spec.gdn.sglang_verify import verify_tree_paths
+
+    graph_buffer = torch.arange(4 * 3 * 2, dtype=torch.int32).view(4, 3, 2)
+    assert torch.equal(verify_tree_paths(graph_buffer, 2), graph_buffer[:2])
+    with pytest.raises(ValueError, match="needs spec_info.retrieve_tree_paths"):
+        verify_tree_paths(None, 2)
+
+
 def test_tree_verify_refuses_prep_rows_of_another_shape():
     """The key-product rows must match the path table's width and the key heads; checked before
     any launch, in one line naming both shapes."""

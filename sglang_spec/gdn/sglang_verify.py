@@ -12,6 +12,8 @@ path.
 * :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
 * :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
   calls for a tree;
+* :func:`verify_tree_paths` -- the step's path table for the patched verify's tree conv and tree
+  kernel (a one-line error when the verify input has none);
 * :class:`TreeVerifyTables` -- the per-backend state the patched ``MambaAttnBackendBase`` keeps: the
   CUDA-graph buffers of ``retrieve_tree_paths`` (one per captured batch size, refreshed at replay)
   and the kernels' scratch and key-product rows, shared by all layers of a step.
@@ -234,6 +236,19 @@ class TreeVerifyTables:
         return buf
 
 
+def verify_tree_paths(retrieve_tree_paths: torch.Tensor | None, batch_size: int) -> torch.Tensor:
+    """The verify's ``[batch_size, N, W]`` root-first path table (the first rows of
+    ``forward_metadata.retrieve_tree_paths``), which the patched verify's tree conv and tree kernel
+    read; a one-line error when the verify input has none (e.g. EAGLE's own tree, which does not
+    build it)."""
+    if retrieve_tree_paths is None:
+        raise ValueError(
+            "the GDN tree ReplaySSM verify needs spec_info.retrieve_tree_paths ([bs, N, horizon + 1] "
+            "int32 root-first node paths, set by the DDTREE plug-in); this verify input has none"
+        )
+    return retrieve_tree_paths[:batch_size]
+
+
 def replayssm_tree_verify(
     backend,
     *,
@@ -254,16 +269,12 @@ def replayssm_tree_verify(
     of one GDN layer over the step's trees, writing the layer's ReplaySSM ring (``layer_cache``'s
     per-layer ``replayssm_*`` views) at request rows ``ring_rows`` (the verify's
     ``intermediate_state_indices``). ``backend.tree_verify`` is its :class:`TreeVerifyTables`."""
-    if retrieve_tree_paths is None:
-        raise ValueError(
-            "the GDN tree ReplaySSM verify needs spec_info.retrieve_tree_paths ([bs, N, horizon + 1] "
-            "int32 root-first node paths, set by the DDTREE plug-in); this verify input has none"
-        )
     batch_size = query_start_loc.shape[0] - 1
+    paths = verify_tree_paths(retrieve_tree_paths, batch_size)
     seq_len = query.shape[1]
-    if seq_len != batch_size * retrieve_tree_paths.shape[1]:
+    if seq_len != batch_size * paths.shape[1]:
         raise ValueError(
-            f"the tree verify needs N = {retrieve_tree_paths.shape[1]} tokens per request; got "
+            f"the tree verify needs N = {paths.shape[1]} tokens per request; got "
             f"{seq_len} tokens for {batch_size} requests"
         )
     return gdn_tree_verify(
@@ -276,8 +287,8 @@ def replayssm_tree_verify(
         layer.dt_bias,
         ssm_states,
         cache_indices,
-        retrieve_tree_paths[:batch_size],
-        *backend.tree_verify.scratch(seq_len, retrieve_tree_paths.shape[2]),
+        paths,
+        *backend.tree_verify.scratch(seq_len, paths.shape[2]),
         ring=(
             layer_cache.replayssm_rawk,
             layer_cache.replayssm_rawv,
