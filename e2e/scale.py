@@ -404,7 +404,7 @@ class Run:
         self.results = self.out / "scale.json"
         self.done = {records.key(r) for f in args.resume or [] for r in records.load(f)}
         self.done |= {records.key(r) for r in records.load(self.results)}
-        self.slowest_start = args.start_estimate
+        self.starts: list[float] = []  # the server starts seen in this call, s
         self.log: dict = {
             "started": _dt.datetime.now().isoformat(timespec="seconds"),
             "time_budget_s": args.time_budget,
@@ -465,8 +465,14 @@ class Run:
             entry["status"] = "done earlier"
             return True
         reserve = args.reserve
-        if self.remaining() < self.slowest_start + args.first_level_estimate + reserve:
-            entry["status"] = f"skipped: {self.remaining():.0f} s left of the time budget"
+        start = max(self.starts) if self.starts else args.start_estimate
+        need = start + args.first_level_estimate + reserve
+        if self.remaining() < need:
+            source = "the slowest start seen" if self.starts else "--start-estimate"
+            entry["status"] = (
+                f"skipped: {self.remaining():.0f} s left of the time budget; a start ({start:.0f} s,"
+                f" {source}), a first level and the reserve need {need:.0f}"
+            )
             entry["skipped_levels"] = [
                 {"concurrency": c, "why": "server not started"} for c in todo
             ]
@@ -491,7 +497,7 @@ class Run:
         print(f"[scale] === {spec.label}: {entry['command']}", flush=True)
         try:
             with srv:
-                self.slowest_start = max(self.slowest_start, srv.start_s)
+                self.starts.append(srv.start_s)
                 info = kit.parse_server_log(srv.log_text())
                 entry.update(status="running", start_s=srv.start_s, **info)
                 print(

@@ -694,3 +694,29 @@ def test_a_sharp_tree_temperature_lets_a_small_budget_carry_a_stated_tau_on_flat
     chain = build_ddtree(logits, 7, roots, temperature=1e-8)
     assert (best_path(chain) >= 0).sum(dim=1).tolist() == [8, 8]
     assert chain.tokens[:, 1:].tolist() == logits[:, :7].argmax(-1).tolist()
+
+
+def test_a_seen_start_replaces_the_start_estimate(tmp_path, monkeypatch):
+    """Once a server has started, the next one is judged by the slowest start seen in this call,
+    not by --start-estimate (session 13 skipped a 27B server that fitted: 168 s left, 76 s
+    starts, a 150 s estimate). The first server's levels take about 4 s (100 ms steps), so the
+    second would not fit the 34 s budget under a 30 s estimate."""
+    rc, recs, started, log = _run(
+        tmp_path,
+        monkeypatch,
+        ["qwen3-8b:ar", "qwen3-8b:dflash"],
+        "--time-budget",
+        "34",
+        "--start-estimate",
+        "30",
+        FAKE_STEP_MS=100,
+    )
+    assert rc == 0 and len(started) == 2, log["servers"]
+    assert {r["algorithm"] for r in recs} == {"AR", "DFLASH"}
+
+
+def test_the_skip_says_which_start_it_assumed(tmp_path, monkeypatch):
+    _, _, _, log = _run(
+        tmp_path, monkeypatch, ["qwen3-8b:ar"], "--time-budget", "30", "--start-estimate", "40"
+    )
+    assert "a start (40 s, --start-estimate)" in log["servers"][0]["status"]
