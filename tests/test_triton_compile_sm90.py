@@ -61,7 +61,7 @@ def compile_sm90(
 
 # Qwen3.6-27B's GDN: 16 key heads, 48 value heads, K = V = 128; DDTREE(63): N = 64, W = 16.
 @pytest.mark.parametrize("sglang_mode,ring", [(True, True), (True, False), (False, False)])
-@pytest.mark.parametrize("requests", [1, 8, 32])
+@pytest.mark.parametrize("requests", [1, 32])
 def test_tree_kernel_compiles_for_sm90_without_spilling(sglang_mode, ring, requests):
     """At the tile the launcher picks (one warp), the tree kernel keeps its state tile and the next
     node's inputs in registers: no stack frame (a 32-wide tile spilled about 1.5 KB per thread)."""
