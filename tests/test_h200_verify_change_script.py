@@ -50,3 +50,9 @@ def test_servers_and_limits_can_be_overridden(tmp_path):
     assert scale.split("--servers ")[1].split() == ["qwen3.5-4b:ar", "qwen3.5-4b:dflash:acc=3"]
     args = scale.split()
     assert args[args.index("--time-budget") + 1] == "190"
+
+
+def test_e2e_limit_0_leaves_the_tiny_pair_out(tmp_path):
+    rc, calls = run(tmp_path, E2E_LIMIT_S="0")
+    assert rc == 0 and [c for c in calls if "-m e2e." in c][0].split()[3] == "e2e.scale"
+    assert not any("e2e.tiny_pair" in c for c in calls)
