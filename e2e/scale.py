@@ -67,6 +67,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -687,9 +688,7 @@ def stage_medians(steps: list[dict]) -> dict:
     groups: dict[tuple[int, int | None], list[dict]] = {}
     for s in steps:
         groups.setdefault((int(s["bs"]), s.get("width")), []).append(s)
-    widths: dict[int, int] = {}
-    for bs, _ in groups:
-        widths[bs] = widths.get(bs, 0) + 1
+    widths = Counter(bs for bs, _ in groups)  # how many verify widths each batch size ran at
     out = {}
     for (bs, width), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         entry = {"steps": len(rows), "width": width}

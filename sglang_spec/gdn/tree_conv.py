@@ -102,7 +102,9 @@ def tree_conv(
     bs, n, _ = paths.shape
     channels, kernel = weight.shape
     state_len = kernel - 1
-    states = conv_states[cache_indices.clamp(min=0).long()]  # [bs, C, W - 1]
+    states = conv_states[cache_indices.clamp(min=0).long()].transpose(1, 2)  # [bs, W - 1, C]
+    nodes = x.view(bs, n, channels)
+    paths = paths.long()
     depth = (paths >= 0).sum(-1, keepdim=True) - 1  # [bs, N, 1]
     batch = torch.arange(bs, device=x.device)[:, None]
     acc = torch.zeros(bs, n, channels, dtype=torch.float32, device=x.device)
@@ -110,10 +112,10 @@ def tree_conv(
         acc += bias.float()
     for back in range(kernel):  # 0: the node itself, 1: its parent, ...
         at = depth - back  # its path position, < 0: a pre-verify state column
-        node = paths.long().gather(2, at.clamp(min=0)).squeeze(2)
-        from_x = x.view(bs, n, channels)[batch, node.clamp(min=0)]
+        node = paths.gather(2, at.clamp(min=0)).squeeze(2)
+        from_x = nodes[batch, node.clamp(min=0)]
         column = (state_len + at.squeeze(2)).clamp(min=0, max=state_len - 1)
-        from_state = states.transpose(1, 2)[batch, column]
+        from_state = states[batch, column]
         acc += torch.where(
             at >= 0, from_x * weight[:, -1 - back], from_state * weight[:, -1 - back]
         )
