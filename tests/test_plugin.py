@@ -1861,3 +1861,24 @@ def test_worker_init_resizes_the_draft_block_and_pool_allocation_caps_the_kv_mov
     assert calls == [("block", 16), ("draft pools", "cfg", "req", allocator), ("cap", kv)]
     assert w.config is cfg and w.speculative_num_draft_tokens == 32
     assert w.stage_timer is None and w.budgets is None
+
+
+def test_worker_prewarms_sampling_without_dflashs_dense_rehearsal(monkeypatch):
+    """DDTreeWorker.prewarm_sampling is the generic one (BaseSpecWorker's: the target runner's),
+    not DFLASH's: DFLASH's rehearses its dense [rows, V] chain sampler, sized by the verify width,
+    which DDTREE never runs (a Qwen3.5-4B-shaped DDTREE(63) server ran out of memory in it at
+    start-up, session 14)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin import worker as worker_mod
+
+    def dflash_rehearsal(_self):
+        raise AssertionError("DFLASH's dense-sampler rehearsal ran")
+
+    monkeypatch.setattr(DFlashWorkerV2, "prewarm_sampling", dflash_rehearsal)
+    w = worker_mod.DDTreeWorker.__new__(worker_mod.DDTreeWorker)
+    generic = object()
+    w._target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(prewarm_sampling=lambda: generic)
+    )
+    assert w.prewarm_sampling() is generic

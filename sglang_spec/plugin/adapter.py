@@ -443,6 +443,9 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         ("self", "num_correct_drafts_per_req", "batch_size")
     ),
     f"{_W}.init_cuda_graphs": Sig(("self",)),
+    # worker.prewarm_sampling skips DFLASH's dense-sampler rehearsal for the generic one
+    f"{_W}.prewarm_sampling": Sig(("self",)),
+    "sglang.srt.speculative.base_spec_worker:BaseSpecWorker.prewarm_sampling": Sig(("self",)),
     "sglang.srt.runtime_context:get_context": Sig(()),
     "sglang.srt.runtime_context:get_exec": Sig(()),
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner": Kw(

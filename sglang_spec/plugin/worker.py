@@ -185,6 +185,16 @@ class DDTreeWorker(DFlashWorkerV2):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         adapter.cap_kv_move_chunks(token_to_kv_pool_allocator.get_kvcache())
 
+    def prewarm_sampling(self):
+        """The generic prewarm (``BaseSpecWorker``'s: the target runner's), not DFLASH's.
+        DFLASH rehearses its dense T > 0 chain verify (``[rows, V]`` float32 probabilities, sorted
+        for top-p) at the largest verify batch and reserves that peak out of the KV pool; sized by
+        DDTREE's verify width it is 4x DFLASH's at budget 63 and ran a Qwen3.5-4B-shaped server out
+        of memory at start-up with SGLang's default memory settings (session 14). DDTREE's T > 0
+        walk (``sample_node_tokens``, a row kernel) reads the verify logits in place and
+        allocates no ``[rows, V]`` buffer, so there is nothing of that size to reserve."""
+        return super(DFlashWorkerV2, self).prewarm_sampling()
+
     def init_budgets(self) -> None:
         """Budget by batch size: the controller and every candidate budget's config."""
         policy = load_budget_policy(self.config.adaptive_config)
