@@ -12,7 +12,8 @@
 #     python -m e2e.compare_reference <run>/e2e/e2e.json --pair hybrid; E2E_LIMIT_S=0 leaves
 #     it out);
 #  3. the 27B shape at stated tau (python -m e2e.scale; SCALE_SERVERS overrides): DDTREE(63) at
-#     tau 4.23 with a kernel trace at C = 1, DDTREE(15) at tau 3 with stage times.
+#     tau 4.23 with a kernel trace at C = 1, DDTREE(15) at tau 3 with stage times; SCALE_ARGS adds
+#     e2e.scale options, e.g. --start-estimate 90 --levels 1,8).
 # Results in $OUT: gpu_kernel_tests.log, e2e.log, scale.log and runs.tar.xz (e2e/ and scale/).
 set -uo pipefail
 OUT=${OUT:?set OUT}
@@ -37,7 +38,7 @@ SCALE_S=${SCALE_LIMIT_S:-300}
 timeout "$SCALE_S" "$SGLANG_KIT_PYTHON" -m e2e.scale --out "$RUNS/scale" \
   --time-budget $((SCALE_S - 10)) --levels 1,2,4,8,16,32 \
   --server-arg mem-fraction-static= --server-arg max-running-requests= \
-  --servers ${SCALE_SERVERS:-qwen3.6-27b:ddtree:b=63:acc=4.23:profile=1 qwen3.6-27b:ddtree:b=15:acc=3:stages} \
+  --servers ${SCALE_SERVERS:-qwen3.6-27b:ddtree:b=63:acc=4.23:profile=1 qwen3.6-27b:ddtree:b=15:acc=3:stages} ${SCALE_ARGS:-} \
   >"$OUT/scale.log" 2>&1
 echo "e2e.scale rc $?" | tee -a "$OUT/scale.log"
 wait

@@ -44,12 +44,16 @@ def test_servers_and_limits_can_be_overridden(tmp_path):
         TINY_SERVERS="ddtree16+graphs+patched+replayssm",
         SCALE_SERVERS="qwen3.5-4b:ar qwen3.5-4b:dflash:acc=3",
         SCALE_LIMIT_S="200",
+        SCALE_ARGS="--start-estimate 90 --levels 1,8",
     )
     tiny, scale = (c for c in calls if "-m e2e." in c)
     assert rc == 0 and "--servers ddtree16+graphs+patched+replayssm " in tiny
-    assert scale.split("--servers ")[1].split() == ["qwen3.5-4b:ar", "qwen3.5-4b:dflash:acc=3"]
+    assert scale.split("--servers ")[1].split()[:2] == ["qwen3.5-4b:ar", "qwen3.5-4b:dflash:acc=3"]
     args = scale.split()
     assert args[args.index("--time-budget") + 1] == "190"
+    # the extra options come after the script's own, so that they win
+    assert args[args.index("--start-estimate") + 1] == "90"
+    assert args[len(args) - 1 - args[::-1].index("--levels") + 1] == "1,8"
 
 
 def test_e2e_limit_0_leaves_the_tiny_pair_out(tmp_path):
