@@ -39,8 +39,8 @@ Checks, every cell (a failure makes the script exit 1 after the table):
 
 Memory (MB per request and layer): SGLang's ``intermediate_ssm`` rows; what our verify would keep for
 the commit instead (raw ``k``, ``v`` in the activation dtype, ``g``, ``beta`` fp32 per node); the
-transient scratch of our kernels (the prep kernel's ``2 N + 3`` key products per node and key
-head); and the measured peak of extra device
+transient scratch of our kernels (``u``, ``g``, ``gamma`` per node and value head, and the prep
+kernel's ``2 W + 3`` key products per node and key head); and the measured peak of extra device
 memory our kernel call allocates, per request. Times: µs per call, the median of ``--reps`` replays of a
 CUDA graph of 10 calls (``benchmarks.gdn_verify.time_us``).
 
@@ -100,11 +100,11 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
 SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
 
 
-def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, device):
+def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
     """The fused kernel's inputs as SGLang's verify holds them: q/k/v split views [1, T, H, d] of
-    the conv output, and a ring (request row b = b) with the key-product rows for ``n``-node
-    trees."""
-    from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch
+    the conv output, and a ring (request row b = b) with the scratch and the key-product rows for
+    path tables of width ``width``."""
+    from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch
 
     H, HV, dk, dv = c["num_k_heads"], c["num_v_heads"], c["head_k_dim"], c["head_v_dim"]
     q, k, v = torch.split(conv_out, [H * dk, H * dk, HV * dv], dim=-1)
@@ -116,7 +116,8 @@ def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, device):
         torch.zeros(bs, HV, n, device=device),
     )
     ring_rows = torch.arange(bs, dtype=torch.int32, device=device)
-    return qkv, ring, ring_rows, tree_prep_scratch(bs * n, H, n, device)
+    scratch = (tree_scratch(bs * n, HV, dv, device), tree_prep_scratch(bs * n, H, width, device))
+    return qkv, ring, ring_rows, scratch
 
 
 def run_cell(args, kern, bs: int, n: int, device) -> dict:
@@ -178,7 +179,9 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     )
     state = replay_path_state_triton(k, v, g, beta, commit_paths, s0)
 
-    (fq, fk, fv), ring, ring_rows, prep = _fused_inputs(c, conv_out, bs, n, device)
+    (fq, fk, fv), ring, ring_rows, scratch = _fused_inputs(
+        c, conv_out, bs, n, paths.shape[2], device
+    )
     paths32 = paths.to(torch.int32).contiguous()
 
     def fused(bv=None, warps=None):
@@ -193,7 +196,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
             ssm_pool,
             c["cache_indices"],
             paths32,
-            prep,
+            *scratch,
             ring=ring,
             ring_rows=ring_rows,
             block_v=bv,
@@ -263,7 +266,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         replay_commit_us=t_replay,
         sglang_snapshots_mb=n * HV * dk * dv * 4 * mb,
         ours_records_mb=n * (H * dk * act + HV * dv * act + 2 * HV * 4) * mb,
-        ours_scratch_mb=n * H * (2 * n + 3) * 4 * mb,
+        ours_scratch_mb=n * (HV * (dv + 2) + H * (2 * (L + 1) + 3)) * 4 * mb,
         ours_measured_peak_mb=peak_mb,
         check_triton_max_abs=triton_err,
         check_vs_sglang=vs_sglang,

@@ -40,7 +40,7 @@ from sglang_spec.gdn.sglang_verify import (  # noqa: E402
     TreeVerifyTables,
     gdn_tree_verify,
 )
-from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch  # noqa: E402
+from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch  # noqa: E402
 
 BS, N, HK, HV, DK, DV = 4, 10, 1, 3, 16, 8  # GQA 1:3; request 1 is padding
 SLOTS, RING_ROWS, RING_N = 6, 5, N + 2  # the ring is wider than the tree: columns >= N untouched
@@ -113,7 +113,8 @@ def run_ours(case: dict) -> dict:
         pool,
         case["cache_indices"],
         case["paths"],
-        tree_prep_scratch(BS * N, HK, N, "cpu"),
+        tree_scratch(BS * N, HV, DV, "cpu"),
+        tree_prep_scratch(BS * N, HK, case["paths"].shape[2], "cpu"),
         ring=ring_tuple(ring),
         ring_rows=case["ring_rows"],
         block_v=4,  # two value tiles per head
@@ -212,7 +213,7 @@ def run_patched(case: dict) -> dict:
 
     assert "sglang-spec 0002" in open(sys.modules[GDNAttnBackend.__module__].__file__).read()
     backend = GDNAttnBackend.__new__(GDNAttnBackend)
-    backend.tree_verify = TreeVerifyTables(HK, "cpu")
+    backend.tree_verify = TreeVerifyTables(HK, HV, DV, "cpu")
     q, k, v, a, b = split(case)
     ring = fresh_ring(RING_ROWS)
     o = backend._replayssm_fold_target_verify(
@@ -244,7 +245,7 @@ def run_graph_paths(case: dict) -> dict:
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
     graph_bs, w = BS + 2, case["paths"].shape[2]
-    tables = TreeVerifyTables(HK, "cpu")
+    tables = TreeVerifyTables(HK, HV, DV, "cpu")
     placeholder = SimpleNamespace(draft_token_num=N, spec_steps=w - 1, retrieve_tree_paths=None)
     captured = tables.graph_paths(graph_bs, placeholder)  # what the capture's metadata points to
     spec_info = EagleVerifyInput.__new__(EagleVerifyInput)

@@ -18,8 +18,8 @@ two columns wider than the tree. Checked here:
 * the patched ``_replayssm_fold_target_verify`` returns the integration kernel's outputs and ring,
   bit for bit; a verify input without ``retrieve_tree_paths`` is refused in one line;
 * the patched ``update_verify_buffers_to_fill_after_draft`` copies the verify input's paths into
-  the captured graph buffer (same address), and ``TreeVerifyTables`` keeps its key-product rows'
-  address once graphs exist (the rows sized at the first capture).
+  the captured graph buffer (same address), and ``TreeVerifyTables`` keeps its scratch's and its
+  key-product rows' addresses once graphs exist (the rows sized at the first capture).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from patched_sglang import GDN_TREE_PINS, gdn_fold, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
 from sglang_spec.gdn.sglang_verify import TreeVerifyTables, gdn_tree_verify, replayssm_tree_verify
-from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch
+from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch
 
 TOL = 1e-5
 
@@ -151,21 +151,23 @@ def test_graph_buffer_takes_the_verify_inputs_paths(results):
 
 
 def test_tree_verify_tables():
-    tables = TreeVerifyTables(2, "cpu")
-    small = tables.prep(5, 4)
-    assert small.shape == (5, 2, 11)  # 2 N + 3 floats per row and key head
-    assert tables.prep(4, 4) is small
-    assert tables.prep(4, 6).shape == (4, 2, 15)  # another tree width: other rows
-    assert tables.prep(9, 6).shape == (9, 2, 15)  # grown in eager mode
+    tables = TreeVerifyTables(2, 3, 8, "cpu")
+    small, small_prep = tables.scratch(5, 4)
+    assert small.shape == (5, 3, 10) and small_prep.shape == (5, 2, 11)
+    assert all(x is y for x, y in zip(tables.scratch(4, 4), (small, small_prep), strict=True))
+    assert tables.scratch(4, 6)[1].shape == (4, 2, 15)  # another path width: other prep rows
     tables.init_graphs(40)
+    shared = tables.scratch(40, 4)[0]
+    assert shared.shape[0] == 40 and tables.scratch(7, 4)[0] is shared
+    eager = tables.scratch(41, 4)[0]  # larger than every graph: its own, the shared one stays
+    assert eager.shape[0] == 41 and tables.scratch(40, 4)[0] is shared
     spec = SimpleNamespace(draft_token_num=5, spec_steps=3, retrieve_tree_paths=None)
     buf = tables.graph_paths(2, spec)
     assert buf.shape == (2, 5, 4) and torch.all(buf == -1)
-    # the first capture sizes the rows for the largest graph, outside the graph; they stay put
-    graph_prep = tables.prep(40, 5)
-    assert graph_prep.shape == (40, 2, 13) and tables.prep(7, 5) is graph_prep
-    eager = tables.prep(41, 5)  # larger than every graph: its own, the shared one stays
-    assert eager is not graph_prep and tables.prep(8, 5) is graph_prep
+    # the first capture sizes the prep rows like the scratch, outside the graph; they stay put
+    graph_prep = tables.scratch(40, 4)[1]
+    assert graph_prep.shape == (40, 2, 11) and tables.scratch(7, 4)[1] is graph_prep
+    assert tables.scratch(41, 4)[1] is not graph_prep and tables.scratch(8, 4)[1] is graph_prep
     spec.retrieve_tree_paths = torch.zeros(1, 5, 3, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"retrieve_tree_paths must be \[<= 2, 5, 4\]"):
         tables.graph_paths(2, spec)
@@ -177,7 +179,7 @@ def test_tree_verify_tables():
         ),
     )
     made = TreeVerifyTables.for_backend(4, pool, "cpu")
-    assert made.num_k_heads == 1
+    assert (made.num_k_heads, made.num_v_heads, made.head_v_dim) == (1, 3, 8)
     assert TreeVerifyTables.for_backend(1, pool, "cpu") is None  # a chain
     assert (
         TreeVerifyTables.for_backend(
@@ -224,9 +226,9 @@ def test_verify_tree_paths_gives_the_batchs_rows_or_refuses_none():
 
 
 def test_tree_verify_refuses_prep_rows_of_another_shape():
-    """The key-product rows must match the tree's node count and the key heads; checked before
+    """The key-product rows must match the path table's width and the key heads; checked before
     any launch, in one line naming both shapes."""
-    bs, n, w, hk, hv, dk, dv = 2, 4, 3, 1, 3, 8, 4
+    bs, n, w, hk, hv, dk, dv = 2, 3, 4, 1, 3, 8, 4
     qk = torch.zeros(1, bs * n, hk, dk)
     args = (
         qk,
@@ -239,12 +241,12 @@ def test_tree_verify_refuses_prep_rows_of_another_shape():
         torch.zeros(bs, hv, dv, dk),
         torch.zeros(bs, dtype=torch.int32),
         torch.zeros(bs, n, w, dtype=torch.int32),
+        tree_scratch(bs * n, hv, dv, "cpu"),
     )
     for prep in (
-        tree_prep_scratch(bs * n, hk, n + 1, "cpu"),  # another node count
-        tree_prep_scratch(bs * n, hk, w, "cpu"),  # sized by the path width instead
-        tree_prep_scratch(bs * n, hk + 1, n, "cpu"),  # another key head count
-        tree_prep_scratch(bs * n - 1, hk, n, "cpu"),  # too few rows
+        tree_prep_scratch(bs * n, hk, w + 1, "cpu"),  # another width
+        tree_prep_scratch(bs * n, hk + 1, w, "cpu"),  # another key head count
+        tree_prep_scratch(bs * n - 1, hk, w, "cpu"),  # too few rows
     ):
-        with pytest.raises(ValueError, match=r"prep must be contiguous float32 \[>= 8, 1, 11\]"):
+        with pytest.raises(ValueError, match=r"prep must be contiguous float32 \[>= 6, 1, 11\]"):
             gdn_tree_verify(*args, prep)

@@ -404,11 +404,11 @@ PREP_CHILD = textwrap.dedent(
         mixed = torch.randn(bs, n, 3 * hk * dk, generator=gen)
         q = mixed[..., : hk * dk].view(bs, n, hk, dk)
         k = mixed[..., 2 * hk * dk :].view(bs, n, hk, dk)
-        prep = torch.full((bs * n, hk, 2 * n + 3), float("nan"))
+        prep = torch.full((bs * n, hk, 2 * w + 3), float("nan"))
         scale = dk**-0.5
         rows_t = None if cache is None else torch.tensor(cache, dtype=torch.int32)
         launch_tree_prep_kernel(q, k, paths.contiguous(), prep, rows_t, scale)
-        got = prep.view(bs, n, hk, 2 * n + 3)
+        got = prep.view(bs, n, hk, 2 * w + 3)
 
         if cache is None:
             kh, qh = k, q
@@ -417,15 +417,12 @@ PREP_CHILD = textwrap.dedent(
             kh, qh = sglang_norm(k), sglang_norm(q) * scale
             inv_k = 1 / torch.sqrt((k * k).sum(-1) + 1e-6)
             inv_q = 1 / torch.sqrt((q * q).sum(-1) + 1e-6)
-        # dense over node index j: j an ancestor of i (on i's path, not i itself), else 0
-        anc = torch.zeros(bs, n, n, dtype=torch.bool)
-        for b in range(bs):
-            for i in range(n):
-                for j in paths[b, i].tolist():
-                    if j >= 0 and j != i:
-                        anc[b, i, j] = True
-        want_kk = torch.einsum("bjha,biha->bihj", kh, kh) * anc[:, :, None, :]
-        want_qk = torch.einsum("bjha,biha->bihj", kh, qh) * anc[:, :, None, :]
+        idx = torch.arange(n).view(1, n, 1)
+        anc = (paths >= 0) & (paths != idx)  # [bs, n, w]: the slot holding i itself excluded
+        k_anc = kh[torch.arange(bs).view(bs, 1, 1), paths.clamp(min=0).long()]  # [bs, n, w, hk, dk]
+        k_anc = k_anc * anc[..., None, None]
+        want_kk = torch.einsum("bntha,bnha->bnht", k_anc, kh)
+        want_qk = torch.einsum("bntha,bnha->bnht", k_anc, qh)
         want = torch.cat(
             [want_kk, want_qk, (qh * kh).sum(-1, keepdim=True), inv_k[..., None], inv_q[..., None]],
             dim=-1,
@@ -442,9 +439,8 @@ PREP_CHILD = textwrap.dedent(
 
 
 def test_prep_kernel_key_products_match_torch_under_interpreter():
-    """``_tree_prep_kernel``'s rows (ancestor key products with the node's key and query, dense
-    over node index, ``q.k``, inverse norms) against an einsum masked by the ancestor sets read
-    from the path table: raw and SGLang (l2-norm, scale) modes,
+    """``_tree_prep_kernel``'s rows (ancestor key products with the node's key and query, ``q.k``,
+    inverse norms) against an einsum over the path table: raw and SGLang (l2-norm, scale) modes,
     padding slots, a padding request (rows left unwritten), 1 and 2 key heads, path tables wider
     than the deepest path and than one 16-slot chunk, strided q/k."""
     run_interpreted(PREP_CHILD, "PREP_OK")

@@ -66,7 +66,7 @@ def test_tree_kernel_compiles_for_sm90_without_spilling(sglang_mode, ring, reque
     """At the tile the launcher picks (one warp), the tree kernel keeps its state tile and the next
     node's inputs in registers: no stack frame (a 32-wide tile spilled about 1.5 KB per thread)."""
     bv = ttr.choose_block_v(128, requests * 48)
-    consts = dict(W=16, BN=64, PCH=16, SGLANG=sglang_mode, RING=ring)
+    consts = dict(W=16, BW=16, BN=64, SGLANG=sglang_mode, RING=ring)
     consts |= ttr._head_consts(16, 48, 128, 128, bv)
     asm = compile_sm90(
         ttr._tree_kernel, consts, ints_32=("N",), options=dict(num_warps=ttr.TREE_WARPS)
@@ -93,7 +93,7 @@ def test_replay_kernel_compiles_for_sm90():
 
 @pytest.mark.parametrize("sglang_mode", [True, False])
 def test_tree_prep_kernel_compiles_for_sm90(sglang_mode):
-    consts = dict(W=16, HK=16, DK=128, BK=128, BW=16, BN=64, SGLANG=sglang_mode)
+    consts = dict(W=16, HK=16, DK=128, BK=128, BW=16, SGLANG=sglang_mode)
     asm = compile_sm90(ttr._tree_prep_kernel, consts, ints_32=("N",))
     assert asm["cubin"]
 

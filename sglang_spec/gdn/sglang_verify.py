@@ -16,7 +16,7 @@ path.
   kernel (a one-line error when the verify input has none);
 * :class:`TreeVerifyTables` -- the per-backend state the patched ``MambaAttnBackendBase`` keeps: the
   CUDA-graph buffers of ``retrieve_tree_paths`` (one per captured batch size, refreshed at replay)
-  and the kernels' key-product rows, shared by all layers of a step.
+  and the kernels' scratch and key-product rows, shared by all layers of a step.
 
 ``retrieve_tree_paths`` (``[bs, N, W]`` int32, ``W`` = tree horizon + 1, row i = node i's root-first
 path padded with -1) comes from the verify input (``spec_info.retrieve_tree_paths``, set by the
@@ -29,7 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from .triton_tree_recurrence import launch_tree_kernel, prep_row_width, tree_prep_scratch
+from .triton_tree_recurrence import (
+    launch_tree_kernel,
+    prep_row_width,
+    tree_prep_scratch,
+    tree_scratch,
+)
 
 
 def gdn_tree_verify(
@@ -43,6 +48,7 @@ def gdn_tree_verify(
     ssm_states: torch.Tensor,
     cache_indices: torch.Tensor,
     paths: torch.Tensor,
+    scratch: torch.Tensor,
     prep: torch.Tensor,
     ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ring_rows: torch.Tensor | None = None,
@@ -55,8 +61,8 @@ def gdn_tree_verify(
     contiguous last dim, as SGLang splits them), ``T = bs * N``; ``a, b [T, Hv]`` the gate inputs;
     ``A_log``, ``dt_bias [Hv]``; ``ssm_states [slots, Hv, V, K]`` the layer's fp32 pool (read only);
     ``cache_indices [>= bs]`` its row per request (< 0: a padding request: zero outputs, no ring
-    stores); ``paths [bs, N, W]`` int32; ``prep`` from :func:`tree_prep_scratch` (``Hk``, ``N``)
-    with ``>= T`` rows.
+    stores); ``paths [bs, N, W]`` int32; ``scratch`` from :func:`tree_scratch` and ``prep`` from
+    :func:`tree_prep_scratch` (``Hk``, ``W``), both with ``>= T`` rows.
     ``ring = (rawk [R, Hk, N', K], rawv [R, Hv, N', V], g [R, Hv, N'], beta [R, Hv, N'])`` with
     ``N' >= N`` and ``ring_rows [>= bs]`` (rows of ``R``) add the ring stores: column i of request
     b's row holds node i's raw ``k``, ``v`` and its ``g``, ``beta`` (fp32).
@@ -88,14 +94,24 @@ def gdn_tree_verify(
     if cache_indices.shape[0] < bs:
         raise ValueError(f"cache_indices must have >= bs = {bs} rows; got {cache_indices.shape[0]}")
     if (
+        scratch.dtype != torch.float32
+        or not scratch.is_contiguous()
+        or scratch.shape[0] < bs * n
+        or scratch.shape[1:] != (hv, dv + 2)
+    ):
+        raise ValueError(
+            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
+            f"got {scratch.dtype} {tuple(scratch.shape)}"
+        )
+    if (
         prep.dtype != torch.float32
         or not prep.is_contiguous()
         or prep.shape[0] < bs * n
-        or prep.shape[1:] != (hk, prep_row_width(n))
+        or prep.shape[1:] != (hk, prep_row_width(width))
     ):
         raise ValueError(
-            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(n)}] "
-            f"(tree_prep_scratch for N = {n}); got {prep.dtype} {tuple(prep.shape)}"
+            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(width)}] "
+            f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
         )
     if (ring is None) != (ring_rows is None):
         raise ValueError("ring and ring_rows go together: give both or neither")
@@ -122,6 +138,7 @@ def gdn_tree_verify(
         b.view(bs, n, hv),
         paths,
         ssm_states.transpose(-1, -2),
+        scratch,
         prep,
         o,
         sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
@@ -133,16 +150,19 @@ def gdn_tree_verify(
 
 
 class TreeVerifyTables:
-    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernels'
-    key-product rows (shared by every layer and step) and, for CUDA graphs, one static
+    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernels' scratch
+    and key-product rows (shared by every layer and step) and, for CUDA graphs, one static
     ``retrieve_tree_paths`` buffer per captured batch size (allocated when that size is captured,
     outside the graph; refreshed from the verify input before each replay)."""
 
-    def __init__(self, num_k_heads: int, device):
+    def __init__(self, num_k_heads: int, num_v_heads: int, head_v_dim: int, device):
         self.num_k_heads = num_k_heads
+        self.num_v_heads = num_v_heads
+        self.head_v_dim = head_v_dim
         self.device = device
+        self._scratch: torch.Tensor | None = None
         self._prep: torch.Tensor | None = None
-        self._graph_rows: int | None = None  # the largest captured batch's tokens, with graphs
+        self._graphs = False
         self._paths: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -156,25 +176,38 @@ class TreeVerifyTables:
             or getattr(mamba_pool, "replayssm_is_kda", False)
         ):
             return None
+        _, _, hv, dv, _ = mamba_pool.mamba_cache.temporal.shape  # [layers, slots, Hv, V, K]
         hk = mamba_pool.mamba_cache.replayssm_rawk.shape[2]  # [layers, R, Hk, N, K]
-        return cls(hk, device)
+        return cls(hk, hv, dv, device)
 
     def init_graphs(self, max_num_tokens: int) -> None:
-        """Graphs will be captured for up to ``max_num_tokens`` verify tokens: the key-product
-        rows, whose width needs the tree's, are sized for them at the first capture
-        (:meth:`graph_paths`) and stay put from then on (graphs hold their address)."""
-        self._graph_rows = max_num_tokens
+        """Size the scratch for the largest captured batch; it stays put from now on (graphs hold
+        its address). The key-product rows, whose width needs the tree's, follow at the first
+        capture (:meth:`graph_paths`)."""
+        self._scratch = tree_scratch(max_num_tokens, self.num_v_heads, self.head_v_dim, self.device)
         self._prep = None
+        self._graphs = True
 
-    def prep(self, rows: int, nodes: int) -> torch.Tensor:
-        """The key-product rows for ``>= rows`` tokens of ``nodes``-node trees: the shared ones,
-        grown (or re-made for another tree width) in eager mode; an eager batch larger than every
-        captured one gets its own (the graphs keep the shared ones' addresses)."""
+    def scratch(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scratch, prep)`` with ``>= rows`` rows, ``prep`` for path tables of width ``width``:
+        the shared ones, grown (or re-made for another width) in eager mode; an eager batch larger
+        than every captured one gets its own (the graphs keep the shared ones' addresses)."""
+        return self._scratch_rows(rows), self._prep_rows(rows, width)
+
+    def _scratch_rows(self, rows: int) -> torch.Tensor:
+        if self._scratch is not None and self._scratch.shape[0] >= rows:
+            return self._scratch
+        fresh = tree_scratch(rows, self.num_v_heads, self.head_v_dim, self.device)
+        if not self._graphs:
+            self._scratch = fresh
+        return fresh
+
+    def _prep_rows(self, rows: int, width: int) -> torch.Tensor:
         prep = self._prep
-        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == prep_row_width(nodes):
+        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == prep_row_width(width):
             return prep
-        fresh = tree_prep_scratch(rows, self.num_k_heads, nodes, self.device)
-        if self._graph_rows is None:
+        fresh = tree_prep_scratch(rows, self.num_k_heads, width, self.device)
+        if not self._graphs:
             self._prep = fresh
         return fresh
 
@@ -188,9 +221,9 @@ class TreeVerifyTables:
             shape = (bs, int(spec_info.draft_token_num), int(spec_info.spec_steps) + 1)
             buf = torch.full(shape, -1, dtype=torch.int32, device=self.device)
             self._paths[bs] = buf
-            if self._graph_rows is not None and self._prep is None:  # outside the graph
+            if self._graphs and self._prep is None:  # sized like the scratch, outside the graph
                 self._prep = tree_prep_scratch(
-                    self._graph_rows, self.num_k_heads, shape[1], self.device
+                    self._scratch.shape[0], self.num_k_heads, shape[2], self.device
                 )
         paths = getattr(spec_info, "retrieve_tree_paths", None)
         if paths is not None:
@@ -255,7 +288,7 @@ def replayssm_tree_verify(
         ssm_states,
         cache_indices,
         paths,
-        backend.tree_verify.prep(seq_len, paths.shape[1]),
+        *backend.tree_verify.scratch(seq_len, paths.shape[2]),
         ring=(
             layer_cache.replayssm_rawk,
             layer_cache.replayssm_rawv,

@@ -123,16 +123,14 @@ def _tree_prep_kernel(
     DK: tl.constexpr,
     BK: tl.constexpr,
     BW: tl.constexpr,
-    BN: tl.constexpr,
     SGLANG: tl.constexpr,
 ):
     """Node ``i``'s key products, once per key head (grid: nodes x requests*key heads): row
-    ``(b * N + i) * HK + hk`` of ``prep`` gets, dense over node index ``j < N``,
-    ``KK[j] = khat_j . khat_i`` and ``QK[j] = khat_j . qhat_i`` for the ancestors ``j`` of ``i`` (0
-    for every other node and for ``i`` itself), then ``qhat_i . khat_i`` and the inverse norms
-    ``1 / |k_i|``, ``1 / |q_i|`` (1 without ``SGLANG``, where ``khat, qhat`` are the raw ``k, q``;
-    with it they are l2-normed, ``q`` also times ``scale``, in the order of SGLang's recurrent
-    kernel)."""
+    ``(b * N + i) * HK + hk`` of ``prep`` gets ``KK[t] = khat_anc . khat_i`` and
+    ``QK[t] = khat_anc . qhat_i`` for path slot ``t < W`` (0 where the slot is empty or holds ``i``
+    itself), then ``qhat_i . khat_i`` and the inverse norms ``1 / |k_i|``, ``1 / |q_i|`` (1 without
+    ``SGLANG``, where ``khat, qhat`` are the raw ``k, q``; with it they are l2-normed, ``q`` also
+    times ``scale``, in the order of SGLang's recurrent kernel)."""
     i = tl.program_id(0)
     b = tl.program_id(1) // HK
     hk = tl.program_id(1) % HK
@@ -169,15 +167,12 @@ def _tree_prep_kernel(
         inv_anc = 1.0 / tl.sqrt(tl.sum(k_anc * k_anc, 1) + 1e-6)
         kk *= inv_anc
         qk *= inv_anc
-    # path slot t -> column node[t]: each ancestor holds one slot, so each column sums one term
-    offs_n = tl.arange(0, BN)
-    at = anc[:, None] & (node[:, None] == offs_n[None, :])
-    out = prep_ptr + ((b * N + i) * HK + hk) * (2 * N + 3)
-    tl.store(out + offs_n, tl.sum(tl.where(at, kk[:, None], 0.0), 0), mask=offs_n < N)
-    tl.store(out + N + offs_n, tl.sum(tl.where(at, qk[:, None], 0.0), 0), mask=offs_n < N)
-    tl.store(out + 2 * N, tl.sum(q_i * k_i))
-    tl.store(out + 2 * N + 1, inv_k)
-    tl.store(out + 2 * N + 2, inv_q)
+    out = prep_ptr + ((b * N + i) * HK + hk) * (2 * W + 3)
+    tl.store(out + t, kk, mask=t < W)
+    tl.store(out + W + t, qk, mask=t < W)
+    tl.store(out + 2 * W, tl.sum(q_i * k_i))
+    tl.store(out + 2 * W + 1, inv_k)
+    tl.store(out + 2 * W + 2, inv_q)
 
 
 @triton.jit
@@ -192,6 +187,7 @@ def _tree_kernel(
     paths_ptr,
     s0_ptr,
     s0_rows_ptr,  # SGLANG: cache_indices (the pool row per request, < 0 = padding)
+    scr_ptr,
     prep_ptr,  # _tree_prep_kernel's rows
     o_ptr,
     ring_k_ptr,  # RING only: [R, Hk, N, K], [R, Hv, N, V], [R, Hv, N], [R, Hv, N]
@@ -237,8 +233,8 @@ def _tree_kernel(
     DV: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    BW: tl.constexpr,
     BN: tl.constexpr,
-    PCH: tl.constexpr,
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
 ):
@@ -251,177 +247,146 @@ def _tree_kernel(
         s0_ptr, tl.maximum(row, 0), ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
     hk = hv // GRP
+    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma);
+    # prep: contiguous [bs * N, HK, 2 * W + 3] (KK, QK, q.k, 1 / |k|, 1 / |q|)
+    o_off = b * N * HV * DV + hv * DV
+    SP: tl.constexpr = DV + 2
     HK: tl.constexpr = HV // GRP
-    o_off = b * N * HV * DV + hv * DV  # o: contiguous [bs * N, HV, DV]
+    scr = scr_ptr + b * N * HV * SP + hv * SP
     if row < 0:  # an SGLang padding request: zeros out, nothing else written
         for i in range(N):
             tl.store(o_ptr + o_off + i * (HV * DV) + offs_v, tl.zeros([BV], tl.float32), mask=ok_v)
         return
+    q_base = q_ptr + b * sq_b + hk * sq_h
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    v_base = v_ptr + b * sv_b + hv * sv_h
     if SGLANG:
         a_log = tl.load(a_log_ptr + hv).to(tl.float32)
         dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
-    else:  # unread
-        a_log = 0.0
-        dt_bias = 0.0
-    offs_n = tl.arange(0, BN)
     if RING:
         ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
         ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
         ring_v = ring_v_ptr + ring_row * srv_r + hv * srv_h
         stores_k = (tl.program_id(0) == 0) & (hv % GRP == 0)  # one program per key head
-        if tl.program_id(0) == 0:  # every node's g and beta, once per value head
-            ok_n = offs_n < N
-            a_n = tl.load(g_ptr + b * sg_b + offs_n * sg_n + hv * sg_h, mask=ok_n, other=0.0)
-            b_n = tl.load(
-                beta_ptr + b * sbeta_b + offs_n * sbeta_n + hv * sbeta_h, mask=ok_n, other=0.0
-            )
-            tl.store(
-                ring_g_ptr + ring_row * srg_r + hv * srg_h + offs_n,
-                _sglang_g(a_n.to(tl.float32), a_log, dt_bias),
-                mask=ok_n,
-            )
-            tl.store(
-                ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + offs_n,
-                _sglang_beta(b_n.to(tl.float32)),
-                mask=ok_n,
-            )
     else:  # unread
         ring_k = ring_k_ptr
         ring_v = ring_v_ptr
         stores_k = False
-    gamma_n = _path_log_decays(
-        g_ptr + b * sg_b + hv * sg_h, paths_ptr + b * N * W, sg_n, N, a_log, dt_bias,
-        W, BN, PCH, SGLANG,
-    )  # fmt: skip
 
-    # every node's u in registers, row = node index; node i reads its ancestors' rows through its
-    # dense key-product row (0 off its path). Node i + 2's inputs are loaded and node i + 1's
-    # u-independent terms formed while node i waits on u_0..u_{i-1}.
+    # prologue: every node's g (SGLANG: formed from a, b) and gamma = sum of g along its path
+    offs_n = tl.arange(0, BN)
+    ok_n = offs_n < N
+    if SGLANG:
+        a_n = tl.load(g_ptr + b * sg_b + offs_n * sg_n + hv * sg_h, mask=ok_n, other=0.0)
+        g_n = _sglang_g(a_n.to(tl.float32), a_log, dt_bias)
+        tl.store(scr + offs_n * (HV * SP) + DV, g_n, mask=ok_n)
+        if RING:
+            if tl.program_id(0) == 0:
+                tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + offs_n, g_n, mask=ok_n)
+                b_n = tl.load(
+                    beta_ptr + b * sbeta_b + offs_n * sbeta_n + hv * sbeta_h, mask=ok_n, other=0.0
+                )
+                tl.store(
+                    ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + offs_n,
+                    _sglang_beta(b_n.to(tl.float32)),
+                    mask=ok_n,
+                )
+        tl.debug_barrier()  # the gathers below read g back
+        g_at = scr + DV  # g of node j: g_at[j * HV * SP]
+        sg_node = HV * SP
+    else:
+        g_at = g_ptr + b * sg_b + hv * sg_h
+        sg_node = sg_n
+    gamma_n = tl.zeros([BN], dtype=tl.float32)
+    for pcol in range(W):
+        path_node = tl.load(paths_ptr + (b * N + offs_n) * W + pcol, mask=ok_n, other=-1)
+        gamma_n += tl.load(g_at + path_node * sg_node, mask=path_node >= 0, other=0.0).to(
+            tl.float32
+        )
+    tl.store(scr + offs_n * (HV * SP) + DV + 1, gamma_n, mask=ok_n)
+    tl.debug_barrier()
+
+    # node 0's u-independent inputs; each node issues the next node's while it waits on its
+    # ancestors' u (the only load that depends on earlier nodes)
     request = (b, hv, hk, N, scale, stores_k)
-    ptrs = (
-        q_ptr + b * sq_b + hk * sq_h,
-        k_ptr + b * sk_b + hk * sk_h,
-        v_ptr + b * sv_b + hv * sv_h,
-        beta_ptr,
-        paths_ptr,
-        prep_ptr,
-        ring_k,
-        ring_v,
-    )
+    ptrs = (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
     strides = (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
-    tile = (offs_k, offs_v, ok_k, ok_v)
-    u = tl.zeros([BN, BV], dtype=tl.float32)
-    loads = _node_loads(0, request, ptrs, strides, tile, W, HK, BN, RING)
-    terms = _node_terms(0, loads, request, s0, gamma_n, BN, SGLANG)
-    loads = _node_loads(tl.minimum(1, N - 1), request, ptrs, strides, tile, W, HK, BN, RING)
+    tile = (s0, offs_k, offs_v, ok_k, ok_v)
+    nxt = _node_inputs(0, request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING)
     for i in range(N):
-        after = _node_loads(tl.minimum(i + 2, N - 1), request, ptrs, strides, tile, W, HK, BN, RING)
-        terms_next = _node_terms(tl.minimum(i + 1, N - 1), loads, request, s0, gamma_n, BN, SGLANG)
-        w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, qk_self, real = terms
-        u_i = beta_i * (v_i - decay * s0k - tl.sum(w_kk[:, None] * u, 0))
-        o_i = decay * s0q + tl.sum(w_qk[:, None] * u, 0) + qk_self * u_i
-        u = tl.where((offs_n[:, None] == i) & real, u_i[None, :], u)
+        node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, qk_self, real = nxt
+        nxt = _node_inputs(
+            tl.minimum(i + 1, N - 1), request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING
+        )
+        u_anc = tl.load(
+            scr + node[:, None] * (HV * SP) + offs_v[None, :],
+            mask=anc[:, None] & ok_v[None, :],
+            other=0.0,
+        )
+        u_i = beta_i * (v_i - decay * s0k - tl.sum(w_kk[:, None] * u_anc, 0))
+        tl.store(scr + i * (HV * SP) + offs_v, u_i, mask=ok_v)
+        tl.debug_barrier()  # later nodes of this program read u_i back
+        o_i = decay * s0q + tl.sum(w_qk[:, None] * u_anc, 0) + qk_self * u_i
         tl.store(
             o_ptr + o_off + i * (HV * DV) + offs_v,
             tl.where(real, o_i, 0.0).to(o_ptr.dtype.element_ty),
             mask=ok_v,
         )
-        terms = terms_next
-        loads = after
 
 
 @triton.jit
-def _path_log_decays(
-    g_at,  # node j's g (SGLANG: its gate input a) at g_at[j * sg_n]
-    paths_at,  # this request's [N, W] path table
-    sg_n,
-    N,
-    a_log,
-    dt_bias,
-    W: tl.constexpr,
-    BN: tl.constexpr,
-    PCH: tl.constexpr,
-    SGLANG: tl.constexpr,
-):
-    """``gamma``: every node's log-decay summed along its root-first path, ``[BN]`` (0 past ``N``),
-    from ``PCH`` path columns of all nodes at a time (SGLANG: ``g`` formed from the gathered ``a``
-    as SGLang's recurrent kernel forms it)."""
-    offs_n = tl.arange(0, BN)
-    offs_c = tl.arange(0, PCH)
-    gamma = tl.zeros([BN], dtype=tl.float32)
-    for c0 in tl.static_range(0, W, PCH):
-        col = c0 + offs_c
-        node = tl.load(
-            paths_at + offs_n[:, None] * W + col[None, :],
-            mask=(offs_n < N)[:, None] & (col < W)[None, :],
-            other=-1,
-        )
-        on = node >= 0
-        x = tl.load(g_at + node * sg_n, mask=on, other=0.0).to(tl.float32)
-        if SGLANG:
-            x = tl.where(on, _sglang_g(x, a_log, dt_bias), 0.0)
-        gamma += tl.sum(x, 1)
-    return gamma
-
-
-@triton.jit
-def _node_loads(
+def _node_inputs(
     i,
     request,  # (b, hv, hk, N, scale, stores_k)
-    ptrs,  # (q_at, k_at, v_at, beta_ptr, paths_ptr, prep_ptr, ring_k, ring_v)
+    ptrs,  # (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
     strides,  # (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
-    tile,  # (offs_k, offs_v, ok_k, ok_v)
+    tile,  # (s0, offs_k, offs_v, ok_k, ok_v)
     W: tl.constexpr,
+    HV: tl.constexpr,
     HK: tl.constexpr,
-    BN: tl.constexpr,
+    DV: tl.constexpr,
+    BW: tl.constexpr,
+    SGLANG: tl.constexpr,
     RING: tl.constexpr,
 ):
-    """Node ``i``'s inputs, as loaded: ``k_i``, ``q_i``, ``v_i``, its beta input, its dense key and
-    query product rows with its ancestors, ``q . k``, the inverse norms, its path's first slot
+    """What node ``i`` needs that no other node's ``u`` decides: its path row (``node``, the
+    ancestor mask), the decay-weighted key and query products with its ancestors, ``S0^T k_i``,
+    ``S0^T q_i``, ``v_i``, ``beta_i``, ``e^gamma_i``, ``q_i . k_i`` and whether it is a real node
     (RING: it also stores node ``i``'s raw ``k``, ``v``)."""
     b, hv, hk, N, scale, stores_k = request
-    q_at, k_at, v_at, beta_ptr, paths_ptr, prep_ptr, ring_k, ring_v = ptrs
+    q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v = ptrs
     sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n = strides
-    offs_k, offs_v, ok_k, ok_v = tile
-    pre = prep_ptr + ((b * N + i) * HK + hk) * (2 * N + 3)  # node i's dense rows
-    k_i = tl.load(k_at + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
-    q_i = tl.load(q_at + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
-    v_i = tl.load(v_at + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
-    if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
-        tl.store(ring_v + i * srv_n + offs_v, v_i.to(ring_v.dtype.element_ty), mask=ok_v)
-        if stores_k:
-            tl.store(ring_k + i * srk_n + offs_k, k_i.to(ring_k.dtype.element_ty), mask=ok_k)
-    beta_in = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
-    offs_n = tl.arange(0, BN)
-    ok_n = offs_n < N
-    kk = tl.load(pre + offs_n, mask=ok_n, other=0.0)
-    qk = tl.load(pre + N + offs_n, mask=ok_n, other=0.0)
-    scalars = (tl.load(pre + 2 * N), tl.load(pre + 2 * N + 1), tl.load(pre + 2 * N + 2))
-    first = tl.load(paths_ptr + (b * N + i) * W)
-    return k_i, q_i, v_i, beta_in, kk, qk, scalars, first
-
-
-@triton.jit
-def _node_terms(i, loads, request, s0, gamma_n, BN: tl.constexpr, SGLANG: tl.constexpr):
-    """What node ``i`` needs that no other node's ``u`` decides, from its loads: the decay-weighted
-    key and query products with every node (0 off its path), ``S0^T k_i``, ``S0^T q_i``, ``v_i``,
-    ``beta_i``, ``e^gamma_i``, ``q_i . k_i`` and whether it is a real node (a padding slot has no
-    path)."""
-    k_i, q_i, v_i, beta_i, kk, qk, scalars, first = loads
-    qk_self, inv_k, inv_q = scalars
-    _, _, _, _, scale, _ = request
-    if SGLANG:  # the l2-norms from the prep, then the scale
-        q_i *= inv_q
-        k_i *= inv_k
+    s0, offs_k, offs_v, ok_k, ok_v = tile
+    SP: tl.constexpr = DV + 2
+    PW: tl.constexpr = 2 * W + 3
+    pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
+    k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
+    if SGLANG:
+        if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
+            tl.store(ring_v + i * srv_n + offs_v, v_i.to(ring_v.dtype.element_ty), mask=ok_v)
+            if stores_k:
+                tl.store(ring_k + i * srk_n + offs_k, k_i.to(ring_k.dtype.element_ty), mask=ok_k)
+        q_i *= tl.load(pre + 2 * W + 2)  # the l2-norms from the prep, then the scale
+        k_i *= tl.load(pre + 2 * W + 1)
         q_i = q_i * scale
+    beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
+    if SGLANG:
         beta_i = _sglang_beta(beta_i)
-    gamma = tl.sum(tl.where(tl.arange(0, BN) == i, gamma_n, 0.0))
-    w = tl.exp(gamma - gamma_n)  # used where i's products are non-zero: on its path
-    w_kk = tl.where(kk != 0.0, w * kk, 0.0)
-    w_qk = tl.where(qk != 0.0, w * qk, 0.0)
+    gamma = tl.load(scr + i * (HV * SP) + DV + 1)
+    t = tl.arange(0, BW)
+    node = tl.load(paths_ptr + (b * N + i) * W + t, mask=t < W, other=-1)
+    anc = (node >= 0) & (node != i)
+    gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
+    w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
+    w_kk = w * tl.load(pre + t, mask=anc, other=0.0)
+    w_qk = w * tl.load(pre + W + t, mask=anc, other=0.0)
+    real = tl.max(node, 0) >= 0  # a padding slot has no path
+    decay = tl.exp(gamma)
     s0k = tl.sum(s0 * k_i[:, None], 0)
     s0q = tl.sum(s0 * q_i[:, None], 0)
-    return w_kk, w_qk, s0k, s0q, v_i, beta_i, tl.exp(gamma), qk_self, first >= 0
+    return node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, tl.load(pre + 2 * W), real
 
 
 @triton.jit
@@ -510,24 +475,25 @@ def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
     return dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
 
 
-def prep_row_width(nodes: int) -> int:
-    """Floats per prep row for trees of ``nodes`` nodes: ``N`` key products, ``N`` query products
-    (dense over node index), ``q . k`` and the two inverse norms (the kernels' ``2 * N + 3``)."""
-    return 2 * nodes + 3
+def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
+    """The ``[rows, Hv, V + 2]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
+    ``u`` per node and value head, and the node's ``g`` and ``gamma``. Written before it is read,
+    so it needs no initialisation and may be shared by consecutive launches."""
+    return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
 
 
-def tree_prep_scratch(rows: int, hk: int, nodes: int, device) -> torch.Tensor:
-    """The ``[rows, Hk, 2 * N + 3]`` float32 rows of ``_tree_prep_kernel`` (``rows`` = requests x
-    nodes, ``N`` = nodes per tree): per node and key head its key products with its ancestors' keys
-    and with its query, dense over node index (0 off its path), ``q . k`` and the two inverse
-    norms. Written before it is read, so it needs no initialisation and may be shared by
-    consecutive launches."""
-    return torch.empty(rows, hk, prep_row_width(nodes), dtype=torch.float32, device=device)
+def prep_row_width(width: int) -> int:
+    """Floats per prep row for path tables of width ``width``: ``W`` key products, ``W`` query
+    products, ``q . k`` and the two inverse norms (the kernels' ``2 * W + 3``)."""
+    return 2 * width + 3
 
 
-#: Nodes x path columns the tree kernel's prologue loads at a time (its log-decay sums): 32
-#: registers a thread for the node ids, and as many for their gates, at one warp.
-PROLOGUE_TILE = 1024
+def tree_prep_scratch(rows: int, hk: int, width: int, device) -> torch.Tensor:
+    """The ``[rows, Hk, 2 * W + 3]`` float32 rows of ``_tree_prep_kernel`` (``rows`` = requests x
+    nodes, ``W`` = the path table's width): per node and key head its ``W`` key products with its
+    ancestors' keys, ``W`` with its query, ``q . k`` and the two inverse norms. Written before it
+    is read, like :func:`tree_scratch`."""
+    return torch.empty(rows, hk, prep_row_width(width), dtype=torch.float32, device=device)
 
 
 def launch_tree_prep_kernel(q, k, paths, prep, rows=None, scale: float = 1.0) -> None:
@@ -538,7 +504,6 @@ def launch_tree_prep_kernel(q, k, paths, prep, rows=None, scale: float = 1.0) ->
     bs, n, hk, dk = k.shape
     bk = triton.next_power_of_2(dk)
     bw = triton.next_power_of_2(paths.shape[2])
-    bn = triton.next_power_of_2(n)
     _tree_prep_kernel[(n, bs * hk)](
         q,
         k,
@@ -554,9 +519,8 @@ def launch_tree_prep_kernel(q, k, paths, prep, rows=None, scale: float = 1.0) ->
         DK=dk,
         BK=bk,
         BW=bw,
-        BN=bn,
         SGLANG=rows is not None,
-        num_warps=4 if max(bw * bk, bw * bn) >= 4096 else 2,
+        num_warps=4 if bw * bk >= 4096 else 2,
     )
 
 
@@ -568,6 +532,7 @@ def launch_tree_kernel(
     beta,
     paths,
     initial_state,
+    scratch,
     prep,
     o,
     *,
@@ -577,10 +542,10 @@ def launch_tree_kernel(
     num_warps: int | None = None,
 ) -> None:
     """Launch ``_tree_prep_kernel`` then ``_tree_kernel``, both modes. ``q, k [bs, N, Hk, K]``,
-    ``v [bs, N, Hv, V]`` (last dim contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs
-    ``a``, ``b``), ``paths [bs, N, W]`` int32 contiguous, ``initial_state`` with ``[Hv, K, V]``
-    index order per row (any strides), ``prep`` from :func:`tree_prep_scratch` for ``N`` nodes with
-    at least ``bs * N`` rows (``_tree_prep_kernel`` fills it first), ``o`` contiguous
+    ``v [bs, N, Hv, V]`` (last dim contiguous), ``g, beta [bs, N, Hv]`` (SGLANG: the gate inputs ``a``, ``b``), ``paths [bs, N, W]``
+    int32 contiguous, ``initial_state`` with ``[Hv, K, V]`` index order per row (any strides),
+    ``scratch`` from :func:`tree_scratch` and ``prep`` from :func:`tree_prep_scratch` with at least
+    ``bs * N`` rows (``_tree_prep_kernel`` fills ``prep`` first), ``o`` contiguous
     ``[bs * N, Hv, V]``-shaped. ``sglang = (A_log, dt_bias, cache_indices, scale)`` selects the
     integration mode; ``ring = (rawk, rawv, g, beta, ring_rows)`` (rings ``[R, Hk, N, K]``,
     ``[R, Hv, N, V]``, ``[R, Hv, N]``, ``[R, Hv, N]``, last dims contiguous) adds the ring stores."""
@@ -588,14 +553,13 @@ def launch_tree_kernel(
     hv, dv = v.shape[2:]
     bv = choose_block_v(dv, bs * hv, block_v)
     width = paths.shape[2]
-    bn = triton.next_power_of_2(n)
     if sglang is None:
         a_log = dt_bias = rows = initial_state  # unread placeholders
         scale = 1.0
     else:
         a_log, dt_bias, rows, scale = sglang
     if ring is None:
-        ring_k = ring_v = ring_g = ring_beta = ring_rows = prep  # unread placeholders
+        ring_k = ring_v = ring_g = ring_beta = ring_rows = scratch  # unread placeholders
         ring_strides = (0,) * 10
     else:
         ring_k, ring_v, ring_g, ring_beta, ring_rows = ring
@@ -617,6 +581,7 @@ def launch_tree_kernel(
         paths,
         initial_state,
         rows,
+        scratch,
         prep,
         o,
         ring_k,
@@ -634,8 +599,8 @@ def launch_tree_kernel(
         scale,
         n,
         W=width,
-        BN=bn,
-        PCH=min(triton.next_power_of_2(width), max(1, PROLOGUE_TILE // bn)),
+        BW=triton.next_power_of_2(width),
+        BN=triton.next_power_of_2(n),
         SGLANG=sglang is not None,
         RING=ring is not None,
         **_head_consts(hk, hv, dk, dv, bv),
@@ -673,7 +638,8 @@ def tree_gated_delta_rule_triton(
         beta,
         paths.to(torch.int32).contiguous(),
         initial_state,
-        tree_prep_scratch(bs * n, k.shape[2], n, k.device),
+        tree_scratch(bs * n, v.shape[2], v.shape[3], k.device),
+        tree_prep_scratch(bs * n, k.shape[2], paths.shape[2], k.device),
         o,
         block_v=block_v,
         num_warps=num_warps,
