@@ -11,7 +11,9 @@
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-FILES=(sglang_spec/gdn/triton_tree_recurrence.py benchmarks/gdn_tree_recurrence.py)
+# the kernel, the verify entry point the benchmark calls (its signature follows the kernel's
+# scratch; session 14's baseline variant failed on main's), and the benchmark
+FILES=(sglang_spec/gdn/triton_tree_recurrence.py sglang_spec/gdn/sglang_verify.py benchmarks/gdn_tree_recurrence.py)
 case "${1:-}" in
 prepare)
   shift
