@@ -114,6 +114,20 @@ def test_hysteresis_keeps_the_budget_until_the_gain_exceeds_it():
     assert ctl.choose(1) == 63
 
 
+def test_equal_throughput_goes_to_the_smaller_budget_and_an_equal_gain_does_not_switch():
+    """Ties in expected throughput go to the cheaper tree; hysteresis h leaves the current budget
+    only for a gain of more than h, not of exactly h (0.5 here, so the products are exact)."""
+    table = {"cost_ms": {"1": {"7": 20.0, "15": 40.0}}, "warmup_steps": 1, "probe_interval": 0}
+    tie = _controller(table, tau={7: 2.0, 15: 4.0})  # 2/20 = 4/40
+    assert tie.choose(1) == 7
+    ctl = _controller({**table, "hysteresis": 0.5}, tau={7: 2.0, 15: 2.0})
+    assert ctl.choose(1) == 7  # 0.1 against 0.05
+    ctl.tau[15] = 6.0  # 0.15 = 0.1 x 1.5 exactly: not more than the hysteresis
+    assert ctl.choose(1) == 7
+    ctl.tau[15] = 6.5
+    assert ctl.choose(1) == 15
+
+
 def test_each_settled_or_changed_choice_is_reported_with_the_tau_behind_it():
     """on_switch (the worker's log line): a bucket's first choice and each change, not the steps
     that keep it, nor exploration or probes."""
@@ -204,11 +218,19 @@ def test_observing_the_largest_budget_measures_the_bucket_at_once():
 BAD = [
     ([], "the config must be a JSON object; got list"),
     ({"cost": {}}, "unknown key 'cost'; valid keys: cost_ms, ema_alpha"),
-    ({}, "cost_ms=None is not valid; valid: a non-empty object"),
+    (
+        {},
+        r'cost_ms=None is not valid; valid: a non-empty object \{"<batch size>": \{"<budget>": '
+        r"<ms per step>, \.\.\.\}, \.\.\.\}$",
+    ),
     ({"cost_ms": {}}, "cost_ms={} is not valid"),
     ({"cost_ms": {"0": {"15": 1}}}, "batch-size key '0' is not valid; valid: an integer >= 1"),
     ({"cost_ms": {"x": {"15": 1}}}, "batch-size key 'x' is not valid"),
-    ({"cost_ms": {"1": {}}}, r"cost_ms\['1'\]=\{\} is not valid"),
+    (
+        {"cost_ms": {"1": {}}},
+        r"cost_ms\['1'\]=\{\} is not valid; valid: a non-empty object "
+        r'\{"<budget>": <ms per step>, \.\.\.\}$',
+    ),
     ({"cost_ms": {"1": [15]}}, r"cost_ms\['1'\]=\[15\] is not valid"),
     ({"cost_ms": {"1": {"-3": 1}}}, "budget key '-3' is not valid"),
     ({"cost_ms": {"1": {"15": 0}}}, r"cost_ms\['1'\]\['15'\]=0 is not valid; valid: a number > 0"),
@@ -221,7 +243,7 @@ BAD = [
     ({"cost_ms": {"1": {"15": 1}}, "ema_alpha": 1.5}, "ema_alpha=1.5 is not valid"),
     (
         {"cost_ms": {"1": {"15": 1}}, "hysteresis": -0.1},
-        "hysteresis=-0.1 is not valid; valid: a number >= 0",
+        "hysteresis=-0.1 is not valid; valid: a number >= 0$",  # no upper bound to name
     ),
     (
         {"cost_ms": {"1": {"15": 1}}, "warmup_steps": 0},
@@ -263,9 +285,17 @@ def test_unreadable_files_are_refused_in_one_line(tmp_path):
         BudgetPolicy.load("/nonexistent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{\n  'cost_ms': 1\n}")
-    with pytest.raises(BudgetConfigError, match="cannot read a JSON config") as e:
+    with pytest.raises(
+        BudgetConfigError, match=r"cannot read a JSON config \(JSONDecodeError: "
+    ) as e:
         BudgetPolicy.load(str(bad))
     assert "\n" not in str(e.value)
+    # a readable file with a bad value: the error names the file, as the flag gave it
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"cost_ms": {"1": {"15": -2}}}))
+    with pytest.raises(BudgetConfigError) as e:
+        BudgetPolicy.load(str(wrong))
+    assert str(e.value).startswith(f"--speculative-adaptive-config={str(wrong)!r}: cost_ms['1']")
 
 
 @SETTINGS

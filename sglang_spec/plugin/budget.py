@@ -160,7 +160,7 @@ class BudgetPolicy:
                 raw = json.load(f)
         except (OSError, ValueError) as e:
             raise BudgetConfigError(
-                f"{where}: cannot read a JSON config ({type(e).__name__}: {e})".replace("\n", " ")
+                f"{where}: cannot read a JSON config ({type(e).__name__}: {e})"
             ) from None
         return cls.from_dict(raw, where)
 

@@ -50,7 +50,7 @@ def best_path(tree: DraftTree) -> torch.Tensor:
         up = up.gather(1, up)
     path = torch.full((bs, horizon + 2), -1, dtype=torch.long, device=dev)
     column = torch.where(on, depths.long(), horizon + 1)  # off-path nodes land in a dropped column
-    path.scatter_(1, column, torch.where(on, slot, -1))
+    path.scatter_(1, column, slot)
     return path[:, : horizon + 1]
 
 
