@@ -332,6 +332,7 @@ def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
     flat = torch.where(walk.accepted >= 0, walk.accepted + torch.arange(bs).unsqueeze(1) * n, -1)
     measured = ctl.measured_by(big)
     sums = accepted_tokens_within(flat, n, torch.tensor(measured))
+    assert sums.dtype == torch.float32  # what the controller's moving averages take
     for b, total in zip(measured, sums.tolist(), strict=True):
         alone = accepted(build_ddtree(logits, b, roots))
         assert total == float((alone.accept_len + 1).sum()), (b, big)
