@@ -899,6 +899,31 @@ def test_verify_input_from_tree():
             want = want[::-1]
             assert paths[b, i].tolist() == want + [-1] * (L + 1 - len(want)), (b, i)
     assert max(int(d) for d in tree.depths.flatten()) >= 2  # paths longer than root + node
+    # the target's hidden states of every verified token, which the drafter's context takes
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    assert vi.capture_hidden_mode == CaptureHiddenMode.FULL
+    # the host copies the caller has reach the input and the ABI (no host sync to form them) ...
+    cpu_lens = seq_lens.clone()
+    seen = {}
+
+    def abi_spy(*args, **kwargs):
+        seen.update(kwargs)
+        return tree_mod.sglang_tree_abi(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sglang_spec.plugin.verify_input.sglang_tree_abi", abi_spy)
+        vi3 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, seq_lens_cpu=cpu_lens)
+    assert seen["seq_lens_sum"] == total and vi3.seq_lens_cpu is cpu_lens
+    # ... and another mask layout is what the backend asked for (per request N x N)
+    qlen = verify_input_from_tree(
+        tree, seq_lens, cfg, mask_mode=int(tree_mod.TreeMaskMode.QLEN_ONLY), seq_lens_sum=total
+    )
+    assert qlen.custom_mask.numel() == bs * n * n
+    assert torch.equal(
+        qlen.custom_mask,
+        tree_mod.sglang_tree_abi(tree, seq_lens, mode=tree_mod.TreeMaskMode.QLEN_ONLY).tree_mask,
+    )
     # Written in place into a (larger) captured buffer, as the graph needs ...
     buf = torch.zeros(10_000, dtype=torch.uint8)
     vi2 = verify_input_from_tree(tree, seq_lens, cfg, seq_lens_sum=total, mask_buffer=buf)
