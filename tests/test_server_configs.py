@@ -111,3 +111,68 @@ def test_sglang_parser_accepts_config(path, sglang_parse):
 
 def test_config_dir_is_the_repository_one():
     assert CONFIG_DIR.name == "server_configs" and len(CONFIGS) >= 12
+
+
+def test_a_config_file_reads_every_field(tmp_path):
+    """Every documented field of a config file (module docstring of serving.configs), by name
+    from a config directory, and its defaults (name = the file stem, model = --model-path)."""
+    (tmp_path / "m-ddtree.yaml").write_text(
+        "name: custom\nmodel: Org/Model\nalgorithm: ddtree\ndrafter: Org/Drafter\nbudget: 63\n"
+        "env: {SGLANG_X: 1, B: two}\nargs:\n  model-path: /models/m\n  --trust-remote-code: true\n"
+    )
+    (tmp_path / "bare.yml").write_text("algorithm: AR\nargs: {model-path: /models/b}\n")
+    cfg = load_config("m-ddtree", tmp_path)
+    assert (cfg.name, cfg.model, cfg.algorithm) == ("custom", "Org/Model", "DDTREE")
+    assert (cfg.drafter, cfg.budget, cfg.path) == ("Org/Drafter", 63, tmp_path / "m-ddtree.yaml")
+    assert cfg.env == {"SGLANG_X": "1", "B": "two"}
+    assert cfg.argv() == ["--model-path", "/models/m", "--trust-remote-code"]
+    bare = load_config("bare", tmp_path)
+    assert (bare.name, bare.model, bare.env, bare.drafter, bare.budget) == (
+        "bare",
+        "/models/b",
+        {},
+        None,
+        None,
+    )
+    assert list_configs(tmp_path) == [tmp_path / "m-ddtree.yaml"]  # *.yaml only
+
+
+BAD_CONFIGS = [
+    ("args: [\n", r"invalid YAML: "),
+    ("- a\n- b\n", r"expected a mapping at top level$"),
+    ("algorithm: AR\n", r"'args' must be a non-empty mapping$"),
+    ("algorithm: AR\nargs: {}\n", r"'args' must be a non-empty mapping$"),
+    (
+        "algorithm: AR\nargs: {model-path: m, port: 1}\n",
+        r"'port' is set by `sglang-spec serve`, not by the config$",
+    ),
+    ("algorithm: AR\nargs: {tp-size: 2}\n", r"args must contain model-path$"),
+    (
+        "algorithm: MEDUSA\nargs: {model-path: m}\n",
+        r"algorithm must be one of \('AR', 'NEXTN', 'EAGLE3', 'DFLASH', 'DDTREE'\), got 'MEDUSA'$",
+    ),
+    ("args: {model-path: m}\n", r"algorithm must be one of .*, got ''$"),
+    ("algorithm: AR\nenv: [A]\nargs: {model-path: m}\n", r"'env' must be a mapping$"),
+]
+
+
+@pytest.mark.parametrize(("text", "msg"), BAD_CONFIGS)
+def test_a_bad_config_file_is_refused_naming_the_file(tmp_path, text, msg):
+    from sglang_spec.serving.configs import ConfigError
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=msg) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}: ")
+
+
+def test_an_unknown_config_name_lists_the_known_ones(tmp_path):
+    from sglang_spec.serving.configs import ConfigError
+
+    (tmp_path / "b.yaml").write_text("algorithm: AR\nargs: {model-path: m}\n")
+    (tmp_path / "a.yaml").write_text("algorithm: AR\nargs: {model-path: m}\n")
+    with pytest.raises(ConfigError, match=r"^no server config 'c'; known: a, b$"):
+        load_config("c", tmp_path)
+    with pytest.raises(ConfigError, match=r"^no server config 'c'; known: \(none\)$"):
+        load_config("c", tmp_path / "missing")
