@@ -75,8 +75,10 @@ def test_config_flags(path):
 
 
 def test_args_to_argv_encodings():
-    argv = args_to_argv({"a": True, "b": False, "c": None, "d": 3, "e": {"k": 1}, "f": ["x", "y"]})
-    assert argv == ["--a", "--d", "3", "--e", '{"k":1}', "--f", "x", "y"]
+    argv = args_to_argv(
+        {"a": True, "b": False, "c": None, "d": 3, "e": {"k": 1, "j": [1, 2]}, "f": ["x", "y"]}
+    )
+    assert argv == ["--a", "--d", "3", "--e", '{"k":1,"j":[1,2]}', "--f", "x", "y"]
 
 
 @pytest.mark.parametrize("path", _by_id())
