@@ -53,7 +53,7 @@ def test_servers_and_limits_can_be_overridden(tmp_path):
     assert args[args.index("--time-budget") + 1] == "190"
     # the extra options come after the script's own, so that they win
     assert args[args.index("--start-estimate") + 1] == "90"
-    assert args[len(args) - 1 - args[::-1].index("--levels") + 1] == "1,8"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--levels"][-1] == "1,8"
 
 
 def test_e2e_limit_0_leaves_the_tiny_pair_out(tmp_path):

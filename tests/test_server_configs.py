@@ -10,7 +10,13 @@ from collections import defaultdict
 
 import pytest
 
-from sglang_spec.serving.configs import CONFIG_DIR, args_to_argv, list_configs, load_config
+from sglang_spec.serving.configs import (
+    CONFIG_DIR,
+    ConfigError,
+    args_to_argv,
+    list_configs,
+    load_config,
+)
 from sglang_spec.serving.launch import build_command
 
 CONFIGS = list_configs()
@@ -160,8 +166,6 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize(("text", "msg"), BAD_CONFIGS)
 def test_a_bad_config_file_is_refused_naming_the_file(tmp_path, text, msg):
-    from sglang_spec.serving.configs import ConfigError
-
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=msg) as e:
@@ -170,8 +174,6 @@ def test_a_bad_config_file_is_refused_naming_the_file(tmp_path, text, msg):
 
 
 def test_an_unknown_config_name_lists_the_known_ones(tmp_path):
-    from sglang_spec.serving.configs import ConfigError
-
     (tmp_path / "b.yaml").write_text("algorithm: AR\nargs: {model-path: m}\n")
     (tmp_path / "a.yaml").write_text("algorithm: AR\nargs: {model-path: m}\n")
     with pytest.raises(ConfigError, match=r"^no server config 'c'; known: a, b$"):
