@@ -139,10 +139,10 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         _tree_gated_delta_rule_torch,
     )
     from sglang_spec.gdn.triton_tree_recurrence import (
-        SOLVE_NODES,
         choose_block_v,
         replay_path_state_triton,
         scratch_row_width,
+        solve_nodes,
         tree_gated_delta_rule_triton,
     )
     from sglang_spec.tree import build_ddtree
@@ -270,7 +270,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         ours_vs_sglang_tree=(t_prep + t_ours) / sg["tree_us"],
         ours_vs_sglang_chain=(t_prep + t_ours) / sg["chain_us"],
         fused_bv=choose_block_v(dv, bs * HV),
-        solve_rounds=_solve_rounds(tree.depths, SOLVE_NODES),
+        solve_rounds=_solve_rounds(tree.depths, solve_nodes(choose_block_v(dv, bs * HV))),
         fused_us=t_fused,
         fused_vs_sglang_tree=t_fused / sg["tree_us"],
         fused_vs_sglang_chain=t_fused / sg["chain_us"],

@@ -8,6 +8,10 @@
 # --sweep` per variant into $OUT/<variant>.md and .json (checks included: a wrong kernel fails its
 # run). FILES lists what a variant replaces; VARIANT_ARGS replaces the benchmark's arguments
 # (default --sweep), e.g. VARIANT_ARGS="--sweep --bs 1 8 32 --widths 17 32 64".
+#   OUT=$OUT bash e2e/h200_kernel_variants.sh pick 1 64   # after run: keep the fastest at bs 1, N 64
+# `pick BS N` reads run's $OUT/*.json and leaves the variant with the smallest fused time at that
+# cell (its checks passed) checked out, so that the rest of the same device call (servers, tests)
+# runs it.
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -47,8 +51,32 @@ run)
   done
   exit $rc
   ;;
+pick)
+  OUT=${OUT:?set OUT}
+  [ $# -eq 3 ] || { echo "usage: $0 pick BS N"; exit 2; }
+  best=$("${SGLANG_KIT_PYTHON:-python3}" - "$OUT" "$2" "$3" <<'PY'
+import json
+import pathlib
+import sys
+
+out, bs, n = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+times = {}
+for f in sorted(out.glob("*.json")):
+    for row in json.loads(f.read_text())["rows"]:
+        if row["bs"] == bs and row["N"] == n and row["ok"]:
+            times[f.stem] = row["fused_us"]
+if not times:
+    sys.exit(f"pick: no variant in {out} timed bs {bs}, N {n} with its checks passed")
+print(min(times, key=times.get))
+PY
+) || exit 2
+  echo "pick: fastest at bs $2, N $3: $best"
+  if [ "$best" != main ]; then
+    for f in "${FILES[@]}"; do cp "alt/$best/$f" "$f"; done
+  fi
+  ;;
 *)
-  echo "usage: $0 prepare BRANCH... | run"
+  echo "usage: $0 prepare BRANCH... | run | pick BS N"
   exit 2
   ;;
 esac

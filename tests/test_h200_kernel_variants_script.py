@@ -36,3 +36,61 @@ def test_prepare_copies_the_kernel_its_verify_entry_point_and_the_benchmark():
             assert (alt / f).read_text() == got, f
     finally:
         shutil.rmtree(ROOT / "alt", ignore_errors=True)
+
+
+def _pick(
+    tmp_path: Path, times: dict[str, float | None]
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run ``pick 1 64`` in a copy of the script's tree: every variant's files hold its name; a
+    variant's time ``None`` marks its row's checks as failed."""
+    import json
+
+    tree = tmp_path / "tree"
+    (tree / "e2e").mkdir(parents=True)
+    shutil.copy(ROOT / "e2e" / "h200_kernel_variants.sh", tree / "e2e")
+    files = (
+        "sglang_spec/gdn/triton_tree_recurrence.py",
+        "sglang_spec/gdn/sglang_verify.py",
+        "benchmarks/gdn_tree_recurrence.py",
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, us in times.items():
+        base = tree if name == "main" else tree / "alt" / name
+        for f in files:
+            (base / f).parent.mkdir(parents=True, exist_ok=True)
+            (base / f).write_text(name)
+        rows = [
+            dict(bs=1, N=64, fused_us=us if us is not None else 1.0, ok=us is not None),
+            dict(bs=8, N=64, fused_us=0.5, ok=True),  # another cell: not the one picked on
+        ]
+        (out / f"{name}.json").write_text(json.dumps(dict(rows=rows)))
+    proc = subprocess.run(
+        ["bash", str(tree / "e2e" / "h200_kernel_variants.sh"), "pick", "1", "64"],
+        env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, tree
+
+
+def test_pick_checks_out_the_fastest_variant_with_passing_checks(tmp_path):
+    proc, tree = _pick(tmp_path, {"main": 80.0, "walk": 70.0, "level": None})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fastest at bs 1, N 64: walk" in proc.stdout
+    assert (tree / "sglang_spec/gdn/triton_tree_recurrence.py").read_text() == "walk"
+    assert (tree / "benchmarks/gdn_tree_recurrence.py").read_text() == "walk"
+
+
+def test_pick_leaves_main_when_it_is_fastest(tmp_path):
+    proc, tree = _pick(tmp_path, {"main": 60.0, "walk": 70.0})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fastest at bs 1, N 64: main" in proc.stdout
+    assert (tree / "sglang_spec/gdn/sglang_verify.py").read_text() == "main"
+
+
+def test_pick_refuses_when_no_variant_timed_the_cell(tmp_path):
+    proc, _ = _pick(tmp_path, {"main": None, "walk": None})
+    assert proc.returncode == 2
+    assert "no variant" in proc.stderr and "bs 1, N 64" in proc.stderr

@@ -75,12 +75,12 @@ def test_tree_rhs_kernel_compiles_for_sm90_without_spilling(sglang_mode, ring):
 
 
 @pytest.mark.parametrize("sglang_mode", [True, False])
-@pytest.mark.parametrize("requests,n", [(1, 64), (32, 64), (1, 65)])
+@pytest.mark.parametrize("requests,n", [(1, 64), (8, 64), (32, 64), (1, 65)])
 def test_tree_solve_kernel_compiles_for_sm90_without_spilling(sglang_mode, requests, n):
     """At the tile and warps the launcher picks, a round's ancestor tile, the next round's inputs
     and the schedule prologue (up to 128 node slots: DDTREE(64)'s 65 nodes) fit in registers."""
     bv = ttr.choose_block_v(128, requests * 48)
-    consts = dict(W=16, BW=16, BN=triton.next_power_of_2(n), NB=ttr.SOLVE_NODES)
+    consts = dict(W=16, BW=16, BN=triton.next_power_of_2(n), NB=ttr.solve_nodes(bv))
     consts |= dict(HV=48, GRP=3, DV=128, BV=bv, SGLANG=sglang_mode)
     types = dict(beta_ptr="*bf16" if sglang_mode else "*fp32", o_ptr="*bf16")
     asm = compile_sm90(

@@ -22,12 +22,12 @@ built once per verify step with a fixed width (``tree_paths(parents, width=horiz
   tree's only sequential part, ``u_i = beta_i (v_i - e^gamma_i S0^T k_i) - beta_i sum_s w_is u_s``
   over node ``i``'s strict ancestors ``s``, depends on ancestors only, so all nodes of one depth are
   independent: the prologue orders the nodes by depth and cuts each level into rounds of at most
-  ``SOLVE_NODES`` (the schedule goes to three scratch columns), and the program runs the rounds in
+  ``solve_nodes(BV)`` (each node's round and lane, in registers), and the program runs the rounds in
   order -- gather the round's ancestors' ``u`` ``[NB, W, BV]``, form ``u`` and ``o`` of all its nodes,
-  store ``u`` behind a barrier. A DDTREE(63) tree of depth 15 takes about 18 rounds where the
-  node-by-node walk it replaces took 64 dependent steps. What a round needs besides the ancestors'
-  ``u`` (its nodes, their path rows, decay-weighted key and query products, ``beta``, the rhs
-  kernel's terms) is loaded one round ahead. The scratch is ``[bs * N, Hv, 2 V + 4]`` float32
+  store ``u`` behind a barrier. At 16 nodes per round a DDTREE(63) tree of depth 15 takes about 18
+  rounds where a node-by-node walk takes 64 dependent steps. A round's nodes come from registers,
+  their path rows are loaded two rounds ahead and the rest of what they need besides the ancestors'
+  ``u`` (decay-weighted key and query products, ``beta``, the rhs kernel's terms) one round ahead. The scratch is ``[bs * N, Hv, 2 V + 1]`` float32
   (``scratch_row_width``).
 
   With ``SGLANG`` set the kernels are the integration kernels of SGLang's tree verify
@@ -59,8 +59,17 @@ from .recurrence_inputs import check_inputs
 #: the fastest (BV, warps) pair at every bs in {1, 8, 32} and N in {17, 65}.
 TARGET_PROGRAMS = 2048
 
-#: Nodes per round of the solve kernel: a level wider than this takes several rounds.
-SOLVE_NODES = 16
+#: Values per round of the solve kernel (nodes x value columns): a round takes ``64 // BV`` nodes, so
+#: a narrow value tile (few requests: latency-bound, few rounds wanted) takes 16 nodes and a wide one
+#: (many requests: throughput-bound, few idle lanes wanted) 4. A level wider than that takes several
+#: rounds.
+SOLVE_VALUES = 64
+
+
+def solve_nodes(bv: int) -> int:
+    """Nodes per round of the solve kernel for value tile ``bv`` (``SOLVE_VALUES``; 1 to 16)."""
+    return max(1, min(16, SOLVE_VALUES // bv))
+
 
 #: Nodes per program of the rhs kernel, its value tile (at most) and warps: two ``[NA, K] x [K, BV]``
 #: fp32 dots per program.
@@ -74,7 +83,7 @@ def solve_warps(bv: int, bw: int, bn: int) -> int:
     """Warps per solve-kernel program: enough that a round's ``[NB, BW, BV]`` ancestor tile and the
     schedule's ``[BN, BW]`` path table are at most 32 values per thread (on the H200 one warp with
     ``BN = 128`` spilled 1 KB per thread: ``tests/test_triton_compile_sm90.py``)."""
-    return max(1, max(SOLVE_NODES * bv, bn) * bw // (32 * 32))
+    return max(1, max(solve_nodes(bv) * bv, bn) * bw // (32 * 32))
 
 
 @triton.jit
@@ -265,7 +274,7 @@ def _tree_rhs_kernel(
     hv = tl.program_id(1) % HV
     hk = hv // GRP
     HK: tl.constexpr = HV // GRP
-    SP: tl.constexpr = 2 * DV + 4
+    SP: tl.constexpr = 2 * DV + 1
     PW: tl.constexpr = 2 * W + 3
     offs_n = tl.program_id(0) * NA + tl.arange(0, NA)
     ok_n = offs_n < N
@@ -373,26 +382,26 @@ def _tree_solve_kernel(
     SGLANG: tl.constexpr,
 ):
     """The update vectors level by level (grid: value tiles x requests*value heads). The prologue
-    orders the nodes by depth and cuts each level into rounds of at most ``NB`` nodes (into the
-    scratch's schedule columns); round by round the program gathers its nodes' ancestors' ``u``
-    (all in earlier levels, written by earlier rounds), forms ``u`` and ``o`` of ``NB`` nodes at once
-    and stores ``u`` behind a barrier. What a round needs besides the ancestors' ``u`` is loaded one
-    round ahead (``_round_inputs``)."""
+    orders the nodes by depth and cuts each level into rounds of at most ``NB`` nodes (each node's
+    round and lane, in registers); round by round the program gathers its nodes' ancestors' ``u``
+    (all in earlier levels, written by earlier rounds), forms ``u`` and ``o`` of up to ``NB`` nodes
+    at once and stores ``u`` behind a barrier. A round's nodes come from registers, their path rows
+    are loaded two rounds ahead and the rest of their inputs one round ahead (``_round_inputs``), so
+    a round waits on one load: its ancestors' ``u``."""
     b = tl.program_id(1) // HV
     hv = tl.program_id(1) % HV
     if SGLANG:
         if tl.load(s0_rows_ptr + b) < 0:  # a padding request: the rhs kernel wrote its zeros
             return
-    SP: tl.constexpr = 2 * DV + 4
+    SP: tl.constexpr = 2 * DV + 1
     RS: tl.constexpr = HV * SP  # scratch row stride
     scr = scr_ptr + b * N * RS + hv * SP  # row r of this (request, value head): scr + r * RS
-    # the schedule: node -> depth -> (sorted position, round)
+    # the schedule: depth -> (round, lane) per node
     offs_n = tl.arange(0, BN)
-    ok_n = offs_n < N
     t = tl.arange(0, BW)
     path = tl.load(
         paths_ptr + (b * N + offs_n)[:, None] * W + t[None, :],
-        mask=ok_n[:, None] & (t < W)[None, :],
+        mask=(offs_n < N)[:, None] & (t < W)[None, :],
         other=-1,
     )
     depth = tl.sum((path >= 0).to(tl.int32), 1) - 1  # -1: a padding slot
@@ -400,57 +409,59 @@ def _tree_solve_kernel(
     count = tl.sum(level, 0)
     rounds = (count + NB - 1) // NB
     first_round = tl.cumsum(rounds, 0) - rounds
-    first_pos = tl.cumsum(count, 0) - count
     rank = tl.sum(level * tl.cumsum(level, 0), 1) - 1  # among the nodes of its depth
-    pos = tl.sum(level * first_pos[None, :], 1) + rank
-    rnd = tl.sum(level * first_round[None, :], 1) + rank // NB
-    left = tl.sum(level * count[None, :], 1) - rank
-    real = depth >= 0
-    tl.store(scr + pos * RS + 2 * DV + 1, offs_n.to(tl.float32), mask=real)
-    leads = real & (rank % NB == 0)
-    tl.store(scr + rnd * RS + 2 * DV + 2, pos.to(tl.float32), mask=leads)
-    tl.store(scr + rnd * RS + 2 * DV + 3, tl.minimum(left, NB).to(tl.float32), mask=leads)
-    tl.debug_barrier()
+    rnd = tl.where(depth >= 0, tl.sum(level * first_round[None, :], 1) + rank // NB, -1)
+    lane = rank % NB
     n_rounds = tl.sum(rounds, 0)
 
     offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
     ok_v = offs_v < DV
-    ptrs = (beta_ptr, paths_ptr, prep_ptr, scr)
+    sched = (rnd, lane, offs_n)
     request = (b, hv, N, sbeta_b, sbeta_n, sbeta_h)
-    nxt = _round_inputs(0, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, NB, SGLANG)
+    ptrs = (beta_ptr, paths_ptr, prep_ptr, scr)
+    nodes, path_r = _round_nodes(0, sched, b, N, paths_ptr, W, BW, NB)
+    nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, NB, SGLANG)
+    nodes, path_r = _round_nodes(1, sched, b, N, paths_ptr, W, BW, NB)
     for r in range(n_rounds):
-        nodes, ok_l, path_r, anc, w_kk, w_qk, qk_self, beta, br, hq = nxt
+        cur_nodes, ok_l, anc_path, anc, w_kk, w_qk, qk_self, beta, br, hq = nxt
         u_anc = tl.load(
-            scr + path_r[:, :, None] * RS + offs_v[None, None, :],
+            scr + anc_path[:, :, None] * RS + offs_v[None, None, :],
             mask=anc[:, :, None] & ok_v[None, None, :],
             other=0.0,
         )
         nxt = _round_inputs(
-            tl.minimum(r + 1, n_rounds - 1),
-            request,
-            ptrs,
-            offs_v,
-            ok_v,
-            W,
-            HV,
-            GRP,
-            DV,
-            BW,
-            NB,
-            SGLANG,
+            nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, NB, SGLANG
         )
+        nodes, path_r = _round_nodes(r + 2, sched, b, N, paths_ptr, W, BW, NB)
         ok_lv = ok_l[:, None] & ok_v[None, :]
         u = br - beta[:, None] * tl.sum(w_kk[:, :, None] * u_anc, 1)
-        tl.store(scr + nodes[:, None] * RS + offs_v[None, :], u, mask=ok_lv)
+        tl.store(scr + cur_nodes[:, None] * RS + offs_v[None, :], u, mask=ok_lv)
         tl.debug_barrier()  # later rounds of this program read u back
         o = hq + tl.sum(w_qk[:, :, None] * u_anc, 1) + qk_self[:, None] * u
-        o_at = o_ptr + (b * N + nodes)[:, None] * (HV * DV) + hv * DV + offs_v[None, :]
+        o_at = o_ptr + (b * N + cur_nodes)[:, None] * (HV * DV) + hv * DV + offs_v[None, :]
         tl.store(o_at, o.to(o_ptr.dtype.element_ty), mask=ok_lv)
 
 
 @triton.jit
+def _round_nodes(r, sched, b, N, paths_ptr, W: tl.constexpr, BW: tl.constexpr, NB: tl.constexpr):
+    """Round ``r``'s nodes ``[NB]`` (-1 for an empty lane; every lane is empty past the last round),
+    picked from the schedule's registers, and their path rows ``[NB, BW]``."""
+    rnd, lane, offs_n = sched
+    pick = (rnd[None, :] == r) & (lane[None, :] == tl.arange(0, NB)[:, None])  # [NB, BN]
+    nodes = tl.max(tl.where(pick, offs_n[None, :], -1), 1)
+    t = tl.arange(0, BW)
+    path_r = tl.load(
+        paths_ptr + (b * N + nodes)[:, None] * W + t[None, :],
+        mask=(nodes >= 0)[:, None] & (t < W)[None, :],
+        other=-1,
+    )
+    return nodes, path_r
+
+
+@triton.jit
 def _round_inputs(
-    r,
+    nodes,
+    path_r,
     request,  # (b, hv, N, sbeta_b, sbeta_n, sbeta_h)
     ptrs,  # (beta_ptr, paths_ptr, prep_ptr, scr)
     offs_v,
@@ -463,32 +474,22 @@ def _round_inputs(
     NB: tl.constexpr,
     SGLANG: tl.constexpr,
 ):
-    """What round ``r``'s nodes need that no ``u`` of this launch decides: the nodes (from the
-    schedule), their path rows and ancestor mask, the decay-weighted key and query products with
-    their ancestors, ``q_i . k_i``, ``beta_i``, and the rhs kernel's ``beta (v - e^gamma S0^T k)``
-    and ``e^gamma S0^T q``."""
+    """What a round's nodes need that no ``u`` of this launch decides: the ancestor mask, the
+    decay-weighted key and query products with their ancestors, ``q_i . k_i``, ``beta_i``, and the
+    rhs kernel's ``beta (v - e^gamma S0^T k)`` and ``e^gamma S0^T q``."""
     b, hv, N, sbeta_b, sbeta_n, sbeta_h = request
     beta_ptr, paths_ptr, prep_ptr, scr = ptrs
-    SP: tl.constexpr = 2 * DV + 4
+    SP: tl.constexpr = 2 * DV + 1
     RS: tl.constexpr = HV * SP
     PW: tl.constexpr = 2 * W + 3
     HK: tl.constexpr = HV // GRP
-    hk = hv // GRP
-    start = tl.load(scr + r * RS + 2 * DV + 2).to(tl.int32)
-    ok_l = tl.arange(0, NB) < tl.load(scr + r * RS + 2 * DV + 3).to(tl.int32)
-    nodes = tl.load(scr + (start + tl.arange(0, NB)) * RS + 2 * DV + 1, mask=ok_l, other=0.0)
-    nodes = nodes.to(tl.int32)
+    ok_l = nodes >= 0
     t = tl.arange(0, BW)
-    path_r = tl.load(
-        paths_ptr + (b * N + nodes)[:, None] * W + t[None, :],
-        mask=ok_l[:, None] & (t < W)[None, :],
-        other=-1,
-    )
     anc = (path_r >= 0) & (path_r != nodes[:, None])
     gamma = tl.load(scr + nodes * RS + 2 * DV, mask=ok_l, other=0.0)
     gamma_anc = tl.load(scr + path_r * RS + 2 * DV, mask=anc, other=0.0)
     w = tl.where(anc, tl.exp(gamma[:, None] - gamma_anc), 0.0)
-    pre = prep_ptr + ((b * N + nodes) * HK + hk) * PW  # the nodes' key products
+    pre = prep_ptr + ((b * N + nodes) * HK + hv // GRP) * PW  # the nodes' key products
     w_kk = w * tl.load(pre[:, None] + t[None, :], mask=anc, other=0.0)
     w_qk = w * tl.load(pre[:, None] + W + t[None, :], mask=anc, other=0.0)
     qk_self = tl.load(pre + 2 * W, mask=ok_l, other=0.0)
@@ -590,13 +591,12 @@ def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
 
 def scratch_row_width(dv: int) -> int:
     """Floats per node and value head in the tree kernels' scratch: ``beta (v - e^gamma S0^T k)``
-    (then ``u``) and ``e^gamma S0^T q`` (``V`` each), ``gamma``, and the solve kernel's schedule
-    (the node at this sorted position, the start and size of this round)."""
-    return 2 * dv + 4
+    (then ``u``) and ``e^gamma S0^T q`` (``V`` each), and ``gamma``."""
+    return 2 * dv + 1
 
 
 def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
-    """The ``[rows, Hv, 2 V + 4]`` float32 scratch of the tree kernels (``rows`` = requests x
+    """The ``[rows, Hv, 2 V + 1]`` float32 scratch of the tree kernels (``rows`` = requests x
     nodes; :func:`scratch_row_width`). Written before it is read, so it needs no initialisation and
     may be shared by consecutive launches."""
     return torch.empty(rows, hv, scratch_row_width(dv), dtype=torch.float32, device=device)
@@ -746,7 +746,7 @@ def launch_tree_kernel(
         BV=bv,
         BW=bw,
         BN=triton.next_power_of_2(n),
-        NB=SOLVE_NODES,
+        NB=solve_nodes(bv),
         SGLANG=sglang is not None,
         num_warps=num_warps or solve_warps(bv, bw, triton.next_power_of_2(n)),
     )
