@@ -420,7 +420,7 @@ def _tree_solve_kernel(
     request = (b, hv, N, sbeta_b, sbeta_n, sbeta_h)
     ptrs = (beta_ptr, paths_ptr, prep_ptr, scr)
     nodes, path_r = _round_nodes(0, sched, b, N, paths_ptr, W, BW, NB)
-    nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, NB, SGLANG)
+    nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, SGLANG)
     nodes, path_r = _round_nodes(1, sched, b, N, paths_ptr, W, BW, NB)
     for r in range(n_rounds):
         cur_nodes, ok_l, anc_path, anc, w_kk, w_qk, qk_self, beta, br, hq = nxt
@@ -429,9 +429,7 @@ def _tree_solve_kernel(
             mask=anc[:, :, None] & ok_v[None, None, :],
             other=0.0,
         )
-        nxt = _round_inputs(
-            nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, NB, SGLANG
-        )
+        nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, SGLANG)
         nodes, path_r = _round_nodes(r + 2, sched, b, N, paths_ptr, W, BW, NB)
         ok_lv = ok_l[:, None] & ok_v[None, :]
         u = br - beta[:, None] * tl.sum(w_kk[:, :, None] * u_anc, 1)
@@ -471,7 +469,6 @@ def _round_inputs(
     GRP: tl.constexpr,
     DV: tl.constexpr,
     BW: tl.constexpr,
-    NB: tl.constexpr,
     SGLANG: tl.constexpr,
 ):
     """What a round's nodes need that no ``u`` of this launch decides: the ancestor mask, the
