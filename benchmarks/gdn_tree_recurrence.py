@@ -120,16 +120,6 @@ def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, 
     return qkv, ring, ring_rows, scratch
 
 
-def _solve_rounds(depths: torch.Tensor, per_round: int) -> int:
-    """The solve kernel's sequential rounds for the deepest-laid-out request: each level of the tree
-    takes ``ceil(nodes / per_round)`` rounds (a chain of N nodes takes N, the walk's count)."""
-    rounds = 0
-    for row in depths:
-        counts = torch.bincount(row[row >= 0])
-        rounds = max(rounds, int(((counts + per_round - 1) // per_round).sum()))
-    return rounds
-
-
 def run_cell(args, kern, bs: int, n: int, device) -> dict:
     from benchmarks.gdn_verify import VOCAB, L, layer_inputs, time_us
     from sglang_spec.gdn import tree_paths
@@ -141,8 +131,6 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     from sglang_spec.gdn.triton_tree_recurrence import (
         choose_block_v,
         replay_path_state_triton,
-        scratch_row_width,
-        solve_nodes,
         tree_gated_delta_rule_triton,
     )
     from sglang_spec.tree import build_ddtree
@@ -270,7 +258,6 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         ours_vs_sglang_tree=(t_prep + t_ours) / sg["tree_us"],
         ours_vs_sglang_chain=(t_prep + t_ours) / sg["chain_us"],
         fused_bv=choose_block_v(dv, bs * HV),
-        solve_rounds=_solve_rounds(tree.depths, solve_nodes(choose_block_v(dv, bs * HV))),
         fused_us=t_fused,
         fused_vs_sglang_tree=t_fused / sg["tree_us"],
         fused_vs_sglang_chain=t_fused / sg["chain_us"],
@@ -279,7 +266,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         replay_commit_us=t_replay,
         sglang_snapshots_mb=n * HV * dk * dv * 4 * mb,
         ours_records_mb=n * (H * dk * act + HV * dv * act + 2 * HV * 4) * mb,
-        ours_scratch_mb=n * (HV * scratch_row_width(dv) + H * (2 * (L + 1) + 3)) * 4 * mb,
+        ours_scratch_mb=n * (HV * (dv + 2) + H * (2 * (L + 1) + 3)) * 4 * mb,
         ours_measured_peak_mb=peak_mb,
         check_triton_max_abs=triton_err,
         check_vs_sglang=vs_sglang,
@@ -296,7 +283,6 @@ COLUMNS = [
     ("sglang_tree_us", "SGLang tree µs"),
     ("sglang_chain_us", "SGLang chain µs"),
     ("fused_bv", "fused BV"),
-    ("solve_rounds", "solve rounds"),
     ("fused_us", "ours fused µs"),
     ("fused_vs_sglang_tree", "fused/SGLang tree"),
     ("fused_vs_sglang_chain", "fused/SGLang chain"),

@@ -153,7 +153,7 @@ def test_graph_buffer_takes_the_verify_inputs_paths(results):
 def test_tree_verify_tables():
     tables = TreeVerifyTables(2, 3, 8, "cpu")
     small, small_prep = tables.scratch(5, 4)
-    assert small.shape == (5, 3, 2 * 8 + 1) and small_prep.shape == (5, 2, 11)
+    assert small.shape == (5, 3, 10) and small_prep.shape == (5, 2, 11)
     assert all(x is y for x, y in zip(tables.scratch(4, 4), (small, small_prep), strict=True))
     assert tables.scratch(4, 6)[1].shape == (4, 2, 15)  # another path width: other prep rows
     tables.init_graphs(40)

@@ -2,12 +2,12 @@
 
 With ``--enable-linear-replayssm-spec`` and a draft tree (patch 0003 makes the pool allocate the
 ReplaySSM ring for it), SGLang's GDN backend verifies the tree without per-node recurrent states:
-the integration kernels (``triton_tree_recurrence``'s prep, rhs and solve kernels with ``SGLANG``
-and ``RING``: each node's key products once per key head, the terms no ``u`` decides for all nodes
-at once, then the update vectors level by level) read the conv output's q/k/v, the gate inputs
-``a``, ``b``, the pool rows ``ssm_states[cache_indices[b]]`` and the request's root-first path
-table, and write the layer's core output in the activation dtype and each node's raw inputs into
-the ring, which the commit (patch 0003) replays along the accepted path.
+one launch of the integration kernel (``triton_tree_recurrence._tree_kernel`` with ``SGLANG`` and
+``RING``, after ``_tree_prep_kernel`` formed each node's key products once per key head) reads the
+conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows ``ssm_states[cache_indices[b]]``
+and the request's root-first path table, writes the layer's core output in the activation dtype
+and each node's raw inputs into the ring, which the commit (patch 0003) replays along the accepted
+path.
 
 * :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
 * :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
@@ -32,7 +32,6 @@ import torch
 from .triton_tree_recurrence import (
     launch_tree_kernel,
     prep_row_width,
-    scratch_row_width,
     tree_prep_scratch,
     tree_scratch,
 )
@@ -98,11 +97,10 @@ def gdn_tree_verify(
         scratch.dtype != torch.float32
         or not scratch.is_contiguous()
         or scratch.shape[0] < bs * n
-        or scratch.shape[1:] != (hv, scratch_row_width(dv))
+        or scratch.shape[1:] != (hv, dv + 2)
     ):
         raise ValueError(
-            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {scratch_row_width(dv)}] "
-            f"(tree_scratch); "
+            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
             f"got {scratch.dtype} {tuple(scratch.shape)}"
         )
     if (

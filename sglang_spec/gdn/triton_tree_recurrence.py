@@ -13,33 +13,27 @@ built once per verify step with a fixed width (``tree_paths(parents, width=horiz
   the inverse l2 norms of ``k_i``, ``q_i`` (``SGLANG``: ``khat``, ``qhat`` are the l2-normed key
   and the l2-normed query times ``scale``; else the raw ``k``, ``q`` and norms 1), into
   ``[bs * N, Hk, 2 * W + 3]`` float32 rows (``tree_prep_scratch``).
-- ``_tree_rhs_kernel``: one program per (16 nodes, request x value head, value tile of up to 32
-  columns). What no node's ``u`` decides, for many nodes at once: ``gamma_i`` (the sum of ``g``
-  along node ``i``'s path, from the path table), ``beta_i (v_i - e^gamma_i S0^T k_i)`` and
-  ``e^gamma_i S0^T q_i`` (two fp32 dots of the nodes' keys and queries with the state tile,
-  ``input_precision="ieee"``) into the scratch; zeros out for padding slots.
-- ``_tree_solve_kernel``: one program per (value tile of ``BV`` columns, request x value head). The
-  tree's only sequential part, ``u_i = beta_i (v_i - e^gamma_i S0^T k_i) - beta_i sum_s w_is u_s``
-  over node ``i``'s strict ancestors ``s``, depends on ancestors only, so all nodes of one depth are
-  independent: the prologue orders the nodes by depth and cuts each level into rounds of at most
-  ``solve_nodes(BV)`` (each node's round and lane, in registers), and the program runs the rounds in
-  order -- gather the round's ancestors' ``u`` ``[NB, W, BV]``, form ``u`` and ``o`` of all its nodes,
-  store ``u`` behind a barrier. At 16 nodes per round a DDTREE(63) tree of depth 15 takes about 18
-  rounds where a node-by-node walk takes 64 dependent steps. A round's nodes come from registers,
-  their path rows are loaded two rounds ahead and the rest of what they need besides the ancestors'
-  ``u`` (decay-weighted key and query products, ``beta``, the rhs kernel's terms) one round ahead. The scratch is ``[bs * N, Hv, 2 V + 1]`` float32
-  (``scratch_row_width``).
+- ``_tree_kernel``: one program per (value tile of ``BV`` columns, request x value head). Its
+  prologue forms every node's log-decay sum along its path, ``gamma``, in one vectorised pass over
+  the path table (``W`` gathers of all ``N`` nodes at once) into a float32 scratch. It then keeps
+  its ``[K, BV]`` tile of the initial state in registers and visits the nodes in index order
+  (parents come first). What a node needs that no other node's ``u`` decides (``_node_inputs``:
+  ``k_i``, ``q_i`` normed with the prep's inverse norms, ``S0^T k_i``, ``S0^T q_i``, ``v_i``, its
+  path row and the ancestors' decay-weighted key products) is loaded one node ahead, so a node
+  waits only on its ancestors' update vectors ``[W, BV]`` (written by this same program for
+  earlier nodes, hence the barrier after each store); then ``u_i`` and ``o_i``. The scratch is
+  ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, then the node's ``g`` and
+  ``gamma``.
 
-  With ``SGLANG`` set the kernels are the integration kernels of SGLang's tree verify
-  (``sglang_verify.gdn_tree_verify``): they read SGLang's raw inputs instead of prepared ones -- the
-  conv output's q/k/v, the gate inputs ``a``, ``b`` with ``A_log``, ``dt_bias`` -- and form the
-  gates, the q/k l2-norm and the ``K^-0.5`` scale in-kernel with the operations of SGLang's
-  recurrent kernel (``fused_sigmoid_gating_recurrent.py``); the initial state is the pool row
-  ``cache_indices[b]`` (``< 0``: a padding request, whose outputs are zeros and which writes
-  nothing else); the output is in the activation dtype. With ``RING`` the rhs kernel also stores
-  each node's raw pre-norm ``k``, raw ``v`` and its ``g``, ``beta`` into the ReplaySSM ring at
-  column = node index, which is what SGLang's fold kernel (``gdn_replayssm_exact_fold_kernel``)
-  replays.
+  With ``SGLANG`` set it is the integration kernel of SGLang's tree verify
+  (``sglang_verify.gdn_tree_verify``): it reads SGLang's raw inputs instead of prepared ones -- the
+  conv output's q/k/v, the gate inputs ``a``, ``b`` with ``A_log``, ``dt_bias`` -- and forms the
+  gates, the q/k l2-norm and the ``K^-0.5`` scale in-kernel with the operations, in the order,
+  of SGLang's recurrent kernel (``fused_sigmoid_gating_recurrent.py``); the initial state is the
+  pool row ``cache_indices[b]`` (``< 0``: a padding request, whose outputs are zeros and which
+  writes nothing else); the output is in the activation dtype. With ``RING`` it also stores each
+  node's raw pre-norm ``k``, raw ``v`` and its ``g``, ``beta`` into the ReplaySSM ring at column =
+  node index, which is what SGLang's fold kernel (``gdn_replayssm_exact_fold_kernel``) replays.
 - ``_replay_kernel``: one program per (value tile, request x value head), the state tile in registers,
   one recurrent step per path slot (a ``-1`` slot is an identity step).
 """
@@ -59,31 +53,10 @@ from .recurrence_inputs import check_inputs
 #: the fastest (BV, warps) pair at every bs in {1, 8, 32} and N in {17, 65}.
 TARGET_PROGRAMS = 2048
 
-#: Values per round of the solve kernel (nodes x value columns): a round takes ``64 // BV`` nodes, so
-#: a narrow value tile (few requests: latency-bound, few rounds wanted) takes 16 nodes and a wide one
-#: (many requests: throughput-bound, few idle lanes wanted) 4. A level wider than that takes several
-#: rounds.
-SOLVE_VALUES = 64
-
-
-def solve_nodes(bv: int) -> int:
-    """Nodes per round of the solve kernel for value tile ``bv`` (``SOLVE_VALUES``; 1 to 16)."""
-    return max(1, min(16, SOLVE_VALUES // bv))
-
-
-#: Nodes per program of the rhs kernel, its value tile (at most) and warps: two ``[NA, K] x [K, BV]``
-#: fp32 dots per program.
-RHS_NODES = 16
-RHS_BLOCK_V = 32
-RHS_KEY_SLICE = 32
-RHS_WARPS = 4
-
-
-def solve_warps(bv: int, bw: int, bn: int) -> int:
-    """Warps per solve-kernel program: enough that a round's ``[NB, BW, BV]`` ancestor tile and the
-    schedule's ``[BN, BW]`` path table are at most 32 values per thread (on the H200 one warp with
-    ``BN = 128`` spilled 1 KB per thread: ``tests/test_triton_compile_sm90.py``)."""
-    return max(1, max(solve_nodes(bv) * bv, bn) * bw // (32 * 32))
+#: Warps per tree-kernel program: each program walks one (request, value head, value tile) through
+#: its nodes one at a time, so wider programs only add idle lanes (in that sweep the earlier 2-4
+#: warps cost up to 1.5x the same tile on 1 warp).
+TREE_WARPS = 1
 
 
 @triton.jit
@@ -203,7 +176,7 @@ def _tree_prep_kernel(
 
 
 @triton.jit
-def _tree_rhs_kernel(
+def _tree_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -261,243 +234,159 @@ def _tree_rhs_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BW: tl.constexpr,
-    NA: tl.constexpr,
-    KC: tl.constexpr,
+    BN: tl.constexpr,
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
 ):
-    """What no node's ``u`` decides, for ``NA`` nodes at once (grid: node blocks x requests*value
-    heads x value tiles): ``gamma_i`` (the path's log-decay sum), ``beta_i (v_i - e^gamma_i S0^T
-    k_i)`` and ``e^gamma_i S0^T q_i`` (two fp32 dots on the state tile) into the scratch, zeros
-    out for padding slots (and for every node of an SGLANG padding request); RING: the raw inputs."""
     b = tl.program_id(1) // HV
-    hv = tl.program_id(1) % HV
-    hk = hv // GRP
-    HK: tl.constexpr = HV // GRP
-    SP: tl.constexpr = 2 * DV + 1
-    PW: tl.constexpr = 2 * W + 3
-    offs_n = tl.program_id(0) * NA + tl.arange(0, NA)
-    ok_n = offs_n < N
-    offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
-    ok_v = offs_v < DV
-    ok_nv = ok_n[:, None] & ok_v[None, :]
-    o_at = o_ptr + (b * N + offs_n)[:, None] * (HV * DV) + hv * DV + offs_v[None, :]
     if SGLANG:
         row = tl.load(s0_rows_ptr + b).to(tl.int64)
     else:
         row = b.to(tl.int64)
-    if row < 0:  # an SGLang padding request: zeros out, nothing else written
-        tl.store(o_at, tl.zeros([NA, BV], tl.float32).to(o_ptr.dtype.element_ty), mask=ok_nv)
-        return
-    v_at = offs_n[:, None] * sv_n + offs_v[None, :]
-    v_n = tl.load(v_ptr + b * sv_b + hv * sv_h + v_at, mask=ok_nv, other=0.0).to(tl.float32)
-    t = tl.arange(0, BW)
-    path = tl.load(
-        paths_ptr + (b * N + offs_n)[:, None] * W + t[None, :],
-        mask=ok_n[:, None] & (t < W)[None, :],
-        other=-1,
+    hv, offs_k, offs_v, ok_k, ok_v, s0 = _program_state_tile(
+        s0_ptr, tl.maximum(row, 0), ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
     )
-    on_path = path >= 0
-    g_path = tl.load(g_ptr + b * sg_b + path * sg_n + hv * sg_h, mask=on_path, other=0.0)
-    beta_n = tl.load(beta_ptr + b * sbeta_b + offs_n * sbeta_n + hv * sbeta_h, mask=ok_n, other=0.0)
-    beta_n = beta_n.to(tl.float32)
-    pre = prep_ptr + ((b * N + offs_n) * HK + hk) * PW  # SGLANG: the prep's inverse norms
-    inv_k = tl.load(pre + 2 * W + 1, mask=ok_n, other=0.0)[:, None]
-    inv_q = tl.load(pre + 2 * W + 2, mask=ok_n, other=0.0)[:, None]
-    stores_k = False
+    hk = hv // GRP
+    # o: contiguous [bs * N, HV, DV]; the scratch: contiguous [bs * N, HV, DV + 2] (u, g, gamma);
+    # prep: contiguous [bs * N, HK, 2 * W + 3] (KK, QK, q.k, 1 / |k|, 1 / |q|)
+    o_off = b * N * HV * DV + hv * DV
+    SP: tl.constexpr = DV + 2
+    HK: tl.constexpr = HV // GRP
+    scr = scr_ptr + b * N * HV * SP + hv * SP
+    if row < 0:  # an SGLang padding request: zeros out, nothing else written
+        for i in range(N):
+            tl.store(o_ptr + o_off + i * (HV * DV) + offs_v, tl.zeros([BV], tl.float32), mask=ok_v)
+        return
+    q_base = q_ptr + b * sq_b + hk * sq_h
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    v_base = v_ptr + b * sv_b + hv * sv_h
     if SGLANG:
         a_log = tl.load(a_log_ptr + hv).to(tl.float32)
         dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
-        g_path = tl.where(on_path, _sglang_g(g_path.to(tl.float32), a_log, dt_bias), 0.0)
-        beta_n = _sglang_beta(beta_n)
-        if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
-            ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
-            ring_v = ring_v_ptr + ring_row * srv_r + hv * srv_h
-            v_ring = ring_v + offs_n[:, None] * srv_n + offs_v[None, :]
-            tl.store(v_ring, v_n.to(ring_v_ptr.dtype.element_ty), mask=ok_nv)
-            stores_k = (tl.program_id(2) == 0) & (hv % GRP == 0)  # one program per key head
-            if tl.program_id(2) == 0:
-                a_n = tl.load(g_ptr + b * sg_b + offs_n * sg_n + hv * sg_h, mask=ok_n, other=0.0)
-                g_n = _sglang_g(a_n.to(tl.float32), a_log, dt_bias)
-                tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + offs_n, g_n, mask=ok_n)
-                beta_ring = ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + offs_n
-                tl.store(beta_ring, beta_n, mask=ok_n)
-    # S0^T k_i and S0^T q_i for the NA nodes: fp32 dots over KC-wide slices of the key dimension
-    s0k = tl.zeros([NA, BV], tl.float32)
-    s0q = tl.zeros([NA, BV], tl.float32)
-    for kc in range(0, BK, KC):
-        offs_k = kc + tl.arange(0, KC)
-        ok_k = offs_k < DK
-        ok_nk = ok_n[:, None] & ok_k[None, :]
-        k_at = b * sk_b + offs_n[:, None] * sk_n + hk * sk_h + offs_k[None, :]
-        k_n = tl.load(k_ptr + k_at, mask=ok_nk, other=0.0).to(tl.float32)
-        q_at = b * sq_b + offs_n[:, None] * sq_n + hk * sq_h + offs_k[None, :]
-        q_n = tl.load(q_ptr + q_at, mask=ok_nk, other=0.0).to(tl.float32)
-        if RING:
-            if stores_k:
-                k_ring = ring_row * srk_r + hk * srk_h + offs_n[:, None] * srk_n + offs_k[None, :]
-                tl.store(ring_k_ptr + k_ring, k_n.to(ring_k_ptr.dtype.element_ty), mask=ok_nk)
-        if SGLANG:  # l2-normed with the prep's norms, q then times the scale
-            q_n *= inv_q
-            k_n *= inv_k
-            q_n = q_n * scale
-        s0 = tl.load(
-            s0_ptr + row * ss_b + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v,
-            mask=ok_k[:, None] & ok_v[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        s0k += tl.dot(k_n, s0, input_precision="ieee")
-        s0q += tl.dot(q_n, s0, input_precision="ieee")
-    gamma = tl.sum(g_path.to(tl.float32), 1)
-    decay = tl.exp(gamma)[:, None]
-    scr = scr_ptr + (b * N + offs_n)[:, None] * (HV * SP) + hv * SP
-    tl.store(scr + offs_v[None, :], beta_n[:, None] * (v_n - decay * s0k), mask=ok_nv)
-    tl.store(scr + DV + offs_v[None, :], decay * s0q, mask=ok_nv)
-    tl.store(scr_ptr + (b * N + offs_n) * (HV * SP) + hv * SP + 2 * DV, gamma, mask=ok_n)
-    padding = tl.max(path, 1) < 0  # a padding slot has no path
-    zeros = tl.zeros([NA, BV], tl.float32).to(o_ptr.dtype.element_ty)
-    tl.store(o_at, zeros, mask=ok_nv & padding[:, None])
+    if RING:
+        ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
+        ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
+        ring_v = ring_v_ptr + ring_row * srv_r + hv * srv_h
+        stores_k = (tl.program_id(0) == 0) & (hv % GRP == 0)  # one program per key head
+    else:  # unread
+        ring_k = ring_k_ptr
+        ring_v = ring_v_ptr
+        stores_k = False
 
-
-@triton.jit
-def _tree_solve_kernel(
-    beta_ptr,  # SGLANG: the gate input b
-    paths_ptr,
-    s0_rows_ptr,  # SGLANG: cache_indices (< 0 = a padding request, left to the rhs kernel)
-    scr_ptr,
-    prep_ptr,
-    o_ptr,
-    sbeta_b,
-    sbeta_n,
-    sbeta_h,
-    N,
-    W: tl.constexpr,
-    HV: tl.constexpr,
-    GRP: tl.constexpr,
-    DV: tl.constexpr,
-    BV: tl.constexpr,
-    BW: tl.constexpr,
-    BN: tl.constexpr,
-    NB: tl.constexpr,
-    SGLANG: tl.constexpr,
-):
-    """The update vectors level by level (grid: value tiles x requests*value heads). The prologue
-    orders the nodes by depth and cuts each level into rounds of at most ``NB`` nodes (each node's
-    round and lane, in registers); round by round the program gathers its nodes' ancestors' ``u``
-    (all in earlier levels, written by earlier rounds), forms ``u`` and ``o`` of up to ``NB`` nodes
-    at once and stores ``u`` behind a barrier. A round's nodes come from registers, their path rows
-    are loaded two rounds ahead and the rest of their inputs one round ahead (``_round_inputs``), so
-    a round waits on one load: its ancestors' ``u``."""
-    b = tl.program_id(1) // HV
-    hv = tl.program_id(1) % HV
-    if SGLANG:
-        if tl.load(s0_rows_ptr + b) < 0:  # a padding request: the rhs kernel wrote its zeros
-            return
-    SP: tl.constexpr = 2 * DV + 1
-    RS: tl.constexpr = HV * SP  # scratch row stride
-    scr = scr_ptr + b * N * RS + hv * SP  # row r of this (request, value head): scr + r * RS
-    # the schedule: depth -> (round, lane) per node
+    # prologue: every node's g (SGLANG: formed from a, b) and gamma = sum of g along its path
     offs_n = tl.arange(0, BN)
-    t = tl.arange(0, BW)
-    path = tl.load(
-        paths_ptr + (b * N + offs_n)[:, None] * W + t[None, :],
-        mask=(offs_n < N)[:, None] & (t < W)[None, :],
-        other=-1,
-    )
-    depth = tl.sum((path >= 0).to(tl.int32), 1) - 1  # -1: a padding slot
-    level = (depth[:, None] == t[None, :]).to(tl.int32)  # [BN, BW] one-hot (depth < W <= BW)
-    count = tl.sum(level, 0)
-    rounds = (count + NB - 1) // NB
-    first_round = tl.cumsum(rounds, 0) - rounds
-    rank = tl.sum(level * tl.cumsum(level, 0), 1) - 1  # among the nodes of its depth
-    rnd = tl.where(depth >= 0, tl.sum(level * first_round[None, :], 1) + rank // NB, -1)
-    lane = rank % NB
-    n_rounds = tl.sum(rounds, 0)
+    ok_n = offs_n < N
+    if SGLANG:
+        a_n = tl.load(g_ptr + b * sg_b + offs_n * sg_n + hv * sg_h, mask=ok_n, other=0.0)
+        g_n = _sglang_g(a_n.to(tl.float32), a_log, dt_bias)
+        tl.store(scr + offs_n * (HV * SP) + DV, g_n, mask=ok_n)
+        if RING:
+            if tl.program_id(0) == 0:
+                tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + offs_n, g_n, mask=ok_n)
+                b_n = tl.load(
+                    beta_ptr + b * sbeta_b + offs_n * sbeta_n + hv * sbeta_h, mask=ok_n, other=0.0
+                )
+                tl.store(
+                    ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + offs_n,
+                    _sglang_beta(b_n.to(tl.float32)),
+                    mask=ok_n,
+                )
+        tl.debug_barrier()  # the gathers below read g back
+        g_at = scr + DV  # g of node j: g_at[j * HV * SP]
+        sg_node = HV * SP
+    else:
+        g_at = g_ptr + b * sg_b + hv * sg_h
+        sg_node = sg_n
+    gamma_n = tl.zeros([BN], dtype=tl.float32)
+    for pcol in range(W):
+        path_node = tl.load(paths_ptr + (b * N + offs_n) * W + pcol, mask=ok_n, other=-1)
+        gamma_n += tl.load(g_at + path_node * sg_node, mask=path_node >= 0, other=0.0).to(
+            tl.float32
+        )
+    tl.store(scr + offs_n * (HV * SP) + DV + 1, gamma_n, mask=ok_n)
+    tl.debug_barrier()
 
-    offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
-    ok_v = offs_v < DV
-    sched = (rnd, lane, offs_n)
-    request = (b, hv, N, sbeta_b, sbeta_n, sbeta_h)
-    ptrs = (beta_ptr, paths_ptr, prep_ptr, scr)
-    nodes, path_r = _round_nodes(0, sched, b, N, paths_ptr, W, BW, NB)
-    nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, SGLANG)
-    nodes, path_r = _round_nodes(1, sched, b, N, paths_ptr, W, BW, NB)
-    for r in range(n_rounds):
-        cur_nodes, ok_l, anc_path, anc, w_kk, w_qk, qk_self, beta, br, hq = nxt
+    # node 0's u-independent inputs; each node issues the next node's while it waits on its
+    # ancestors' u (the only load that depends on earlier nodes)
+    request = (b, hv, hk, N, scale, stores_k)
+    ptrs = (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
+    strides = (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
+    tile = (s0, offs_k, offs_v, ok_k, ok_v)
+    nxt = _node_inputs(0, request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING)
+    for i in range(N):
+        node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, qk_self, real = nxt
+        nxt = _node_inputs(
+            tl.minimum(i + 1, N - 1), request, ptrs, strides, tile, W, HV, HK, DV, BW, SGLANG, RING
+        )
         u_anc = tl.load(
-            scr + anc_path[:, :, None] * RS + offs_v[None, None, :],
-            mask=anc[:, :, None] & ok_v[None, None, :],
+            scr + node[:, None] * (HV * SP) + offs_v[None, :],
+            mask=anc[:, None] & ok_v[None, :],
             other=0.0,
         )
-        nxt = _round_inputs(nodes, path_r, request, ptrs, offs_v, ok_v, W, HV, GRP, DV, BW, SGLANG)
-        nodes, path_r = _round_nodes(r + 2, sched, b, N, paths_ptr, W, BW, NB)
-        ok_lv = ok_l[:, None] & ok_v[None, :]
-        u = br - beta[:, None] * tl.sum(w_kk[:, :, None] * u_anc, 1)
-        tl.store(scr + cur_nodes[:, None] * RS + offs_v[None, :], u, mask=ok_lv)
-        tl.debug_barrier()  # later rounds of this program read u back
-        o = hq + tl.sum(w_qk[:, :, None] * u_anc, 1) + qk_self[:, None] * u
-        o_at = o_ptr + (b * N + cur_nodes)[:, None] * (HV * DV) + hv * DV + offs_v[None, :]
-        tl.store(o_at, o.to(o_ptr.dtype.element_ty), mask=ok_lv)
+        u_i = beta_i * (v_i - decay * s0k - tl.sum(w_kk[:, None] * u_anc, 0))
+        tl.store(scr + i * (HV * SP) + offs_v, u_i, mask=ok_v)
+        tl.debug_barrier()  # later nodes of this program read u_i back
+        o_i = decay * s0q + tl.sum(w_qk[:, None] * u_anc, 0) + qk_self * u_i
+        tl.store(
+            o_ptr + o_off + i * (HV * DV) + offs_v,
+            tl.where(real, o_i, 0.0).to(o_ptr.dtype.element_ty),
+            mask=ok_v,
+        )
 
 
 @triton.jit
-def _round_nodes(r, sched, b, N, paths_ptr, W: tl.constexpr, BW: tl.constexpr, NB: tl.constexpr):
-    """Round ``r``'s nodes ``[NB]`` (-1 for an empty lane; every lane is empty past the last round),
-    picked from the schedule's registers, and their path rows ``[NB, BW]``."""
-    rnd, lane, offs_n = sched
-    pick = (rnd[None, :] == r) & (lane[None, :] == tl.arange(0, NB)[:, None])  # [NB, BN]
-    nodes = tl.max(tl.where(pick, offs_n[None, :], -1), 1)
-    t = tl.arange(0, BW)
-    path_r = tl.load(
-        paths_ptr + (b * N + nodes)[:, None] * W + t[None, :],
-        mask=(nodes >= 0)[:, None] & (t < W)[None, :],
-        other=-1,
-    )
-    return nodes, path_r
-
-
-@triton.jit
-def _round_inputs(
-    nodes,
-    path_r,
-    request,  # (b, hv, N, sbeta_b, sbeta_n, sbeta_h)
-    ptrs,  # (beta_ptr, paths_ptr, prep_ptr, scr)
-    offs_v,
-    ok_v,
+def _node_inputs(
+    i,
+    request,  # (b, hv, hk, N, scale, stores_k)
+    ptrs,  # (q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v)
+    strides,  # (sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n)
+    tile,  # (s0, offs_k, offs_v, ok_k, ok_v)
     W: tl.constexpr,
     HV: tl.constexpr,
-    GRP: tl.constexpr,
+    HK: tl.constexpr,
     DV: tl.constexpr,
     BW: tl.constexpr,
     SGLANG: tl.constexpr,
+    RING: tl.constexpr,
 ):
-    """What a round's nodes need that no ``u`` of this launch decides: the ancestor mask, the
-    decay-weighted key and query products with their ancestors, ``q_i . k_i``, ``beta_i``, and the
-    rhs kernel's ``beta (v - e^gamma S0^T k)`` and ``e^gamma S0^T q``."""
-    b, hv, N, sbeta_b, sbeta_n, sbeta_h = request
-    beta_ptr, paths_ptr, prep_ptr, scr = ptrs
-    SP: tl.constexpr = 2 * DV + 1
-    RS: tl.constexpr = HV * SP
+    """What node ``i`` needs that no other node's ``u`` decides: its path row (``node``, the
+    ancestor mask), the decay-weighted key and query products with its ancestors, ``S0^T k_i``,
+    ``S0^T q_i``, ``v_i``, ``beta_i``, ``e^gamma_i``, ``q_i . k_i`` and whether it is a real node
+    (RING: it also stores node ``i``'s raw ``k``, ``v``)."""
+    b, hv, hk, N, scale, stores_k = request
+    q_base, k_base, v_base, beta_ptr, paths_ptr, prep_ptr, scr, ring_k, ring_v = ptrs
+    sq_n, sk_n, sv_n, sbeta_b, sbeta_n, sbeta_h, srk_n, srv_n = strides
+    s0, offs_k, offs_v, ok_k, ok_v = tile
+    SP: tl.constexpr = DV + 2
     PW: tl.constexpr = 2 * W + 3
-    HK: tl.constexpr = HV // GRP
-    ok_l = nodes >= 0
-    t = tl.arange(0, BW)
-    anc = (path_r >= 0) & (path_r != nodes[:, None])
-    gamma = tl.load(scr + nodes * RS + 2 * DV, mask=ok_l, other=0.0)
-    gamma_anc = tl.load(scr + path_r * RS + 2 * DV, mask=anc, other=0.0)
-    w = tl.where(anc, tl.exp(gamma[:, None] - gamma_anc), 0.0)
-    pre = prep_ptr + ((b * N + nodes) * HK + hv // GRP) * PW  # the nodes' key products
-    w_kk = w * tl.load(pre[:, None] + t[None, :], mask=anc, other=0.0)
-    w_qk = w * tl.load(pre[:, None] + W + t[None, :], mask=anc, other=0.0)
-    qk_self = tl.load(pre + 2 * W, mask=ok_l, other=0.0)
-    beta = tl.load(beta_ptr + b * sbeta_b + nodes * sbeta_n + hv * sbeta_h, mask=ok_l, other=0.0)
-    beta = beta.to(tl.float32)
+    pre = prep_ptr + ((b * N + i) * HK + hk) * PW  # node i's key products
+    k_i = tl.load(k_base + i * sk_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    q_i = tl.load(q_base + i * sq_n + offs_k, mask=ok_k, other=0.0).to(tl.float32)
+    v_i = tl.load(v_base + i * sv_n + offs_v, mask=ok_v, other=0.0).to(tl.float32)
     if SGLANG:
-        beta = _sglang_beta(beta)
-    ok_lv = ok_l[:, None] & ok_v[None, :]
-    br = tl.load(scr + nodes[:, None] * RS + offs_v[None, :], mask=ok_lv, other=0.0)
-    hq = tl.load(scr + nodes[:, None] * RS + DV + offs_v[None, :], mask=ok_lv, other=0.0)
-    return nodes, ok_l, path_r, anc, w_kk, w_qk, qk_self, beta, br, hq
+        if RING:  # the raw inputs, before the l2-norm, as SGLang's verify kernel stores them
+            tl.store(ring_v + i * srv_n + offs_v, v_i.to(ring_v.dtype.element_ty), mask=ok_v)
+            if stores_k:
+                tl.store(ring_k + i * srk_n + offs_k, k_i.to(ring_k.dtype.element_ty), mask=ok_k)
+        q_i *= tl.load(pre + 2 * W + 2)  # the l2-norms from the prep, then the scale
+        k_i *= tl.load(pre + 2 * W + 1)
+        q_i = q_i * scale
+    beta_i = tl.load(beta_ptr + b * sbeta_b + i * sbeta_n + hv * sbeta_h).to(tl.float32)
+    if SGLANG:
+        beta_i = _sglang_beta(beta_i)
+    gamma = tl.load(scr + i * (HV * SP) + DV + 1)
+    t = tl.arange(0, BW)
+    node = tl.load(paths_ptr + (b * N + i) * W + t, mask=t < W, other=-1)
+    anc = (node >= 0) & (node != i)
+    gamma_anc = tl.load(scr + node * (HV * SP) + DV + 1, mask=anc, other=0.0)
+    w = tl.where(anc, tl.exp(gamma - gamma_anc), 0.0)
+    w_kk = w * tl.load(pre + t, mask=anc, other=0.0)
+    w_qk = w * tl.load(pre + W + t, mask=anc, other=0.0)
+    real = tl.max(node, 0) >= 0  # a padding slot has no path
+    decay = tl.exp(gamma)
+    s0k = tl.sum(s0 * k_i[:, None], 0)
+    s0q = tl.sum(s0 * q_i[:, None], 0)
+    return node, anc, w_kk, w_qk, s0k, s0q, v_i, beta_i, decay, tl.load(pre + 2 * W), real
 
 
 @triton.jit
@@ -586,17 +475,11 @@ def _head_consts(hk: int, hv: int, dk: int, dv: int, bv: int) -> dict:
     return dict(HV=hv, GRP=hv // hk, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv)
 
 
-def scratch_row_width(dv: int) -> int:
-    """Floats per node and value head in the tree kernels' scratch: ``beta (v - e^gamma S0^T k)``
-    (then ``u``) and ``e^gamma S0^T q`` (``V`` each), and ``gamma``."""
-    return 2 * dv + 1
-
-
 def tree_scratch(rows: int, hv: int, dv: int, device) -> torch.Tensor:
-    """The ``[rows, Hv, 2 V + 1]`` float32 scratch of the tree kernels (``rows`` = requests x
-    nodes; :func:`scratch_row_width`). Written before it is read, so it needs no initialisation and
-    may be shared by consecutive launches."""
-    return torch.empty(rows, hv, scratch_row_width(dv), dtype=torch.float32, device=device)
+    """The ``[rows, Hv, V + 2]`` float32 scratch of ``_tree_kernel`` (``rows`` = requests x nodes):
+    ``u`` per node and value head, and the node's ``g`` and ``gamma``. Written before it is read,
+    so it needs no initialisation and may be shared by consecutive launches."""
+    return torch.empty(rows, hv, dv + 2, dtype=torch.float32, device=device)
 
 
 def prep_row_width(width: int) -> int:
@@ -687,10 +570,7 @@ def launch_tree_kernel(
             *ring_beta.stride()[:2],
         )
     launch_tree_prep_kernel(q, k, paths, prep, None if sglang is None else rows, scale)
-    bw = triton.next_power_of_2(width)
-    heads = _head_consts(hk, hv, dk, dv, bv)
-    rhs_bv = max(16, min(RHS_BLOCK_V, triton.next_power_of_2(dv)))  # tl.dot wants >= 16
-    _tree_rhs_kernel[(triton.cdiv(n, RHS_NODES), bs * hv, triton.cdiv(dv, rhs_bv))](
+    _tree_kernel[(triton.cdiv(dv, bv), bs * hv)](
         q,
         k,
         v,
@@ -719,33 +599,12 @@ def launch_tree_kernel(
         scale,
         n,
         W=width,
-        BW=bw,
-        NA=RHS_NODES,
-        KC=min(RHS_KEY_SLICE, triton.next_power_of_2(dk)),
+        BW=triton.next_power_of_2(width),
+        BN=triton.next_power_of_2(n),
         SGLANG=sglang is not None,
         RING=ring is not None,
-        **(heads | dict(BV=rhs_bv)),
-        num_warps=RHS_WARPS,
-    )
-    _tree_solve_kernel[(triton.cdiv(dv, bv), bs * hv)](
-        beta,
-        paths,
-        rows,
-        scratch,
-        prep,
-        o,
-        *beta.stride(),
-        n,
-        W=width,
-        HV=hv,
-        GRP=hv // hk,
-        DV=dv,
-        BV=bv,
-        BW=bw,
-        BN=triton.next_power_of_2(n),
-        NB=solve_nodes(bv),
-        SGLANG=sglang is not None,
-        num_warps=num_warps or solve_warps(bv, bw, triton.next_power_of_2(n)),
+        **_head_consts(hk, hv, dk, dv, bv),
+        num_warps=num_warps or TREE_WARPS,
     )
 
 
