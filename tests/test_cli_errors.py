@@ -214,7 +214,10 @@ def _commands():
 
 
 @pytest.mark.parametrize("prog", list(_commands()))
-def test_help_states_every_default(prog):
+def test_help_states_every_default(prog, monkeypatch):
+    # wide enough that a long default (a path under a directory named like wt-mut) is not
+    # broken at a hyphen, which the check below would miss
+    monkeypatch.setenv("COLUMNS", "1000")
     parser = Parser(prog=prog)
     _commands()[prog](parser)
     text = " ".join(parser.format_help().split())
