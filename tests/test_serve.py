@@ -7,6 +7,7 @@ group can be checked.
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_spec.cli_args import Parser
 from sglang_spec.serving import launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +122,93 @@ def test_unknown_config_and_stray_flag_are_usage_errors(capsys):
     assert launch.main(["no-such-config"]) == 2
     assert "qwen3-8b-ar" in capsys.readouterr().err  # lists the known configs
     assert launch.main([CONFIG, "--not-an-option"]) == 2
+
+
+def _parse(argv):
+    parser = Parser(prog=launch.PROG)
+    launch.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _dry_run(capsys, *argv):
+    assert launch.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_every_option_has_its_documented_default():
+    assert vars(_parse([CONFIG, "--x"])) == {
+        "config": [CONFIG, "--x"],  # CONFIG and all after it: run() splits them
+        "list": False,
+        "dry_run": False,
+        "host": "127.0.0.1",
+        "port": 30000,
+        "timeout": 1800.0,
+        "stop_timeout": 30.0,
+        "log_file": None,
+        "log_tail": 80,
+        "follow": False,
+        "then": None,
+        "launcher": "{python} -m sglang.launch_server",
+    }
+    assert _parse([]).config == []  # --list needs no CONFIG
+
+
+def test_options_after_config_keep_the_options_before_it(capsys):
+    """``serve --port P --host H CFG --dry-run``: an option after CONFIG must not reset the ones
+    given before it to their defaults (it did: the port and host fell back to 30000 and
+    127.0.0.1)."""
+    args = _parse(["--port", "31001", "--host", "0.0.0.0", "--dry-run"])
+    args.extra = ["--timeout", "5"]
+    assert launch._split_extra(args) == []
+    assert (args.port, args.host, args.dry_run, args.timeout) == (31001, "0.0.0.0", True, 5.0)
+    assert (args.stop_timeout, args.log_tail, args.follow) == (30.0, 80, False)
+    out = _dry_run(capsys, "--port", "31001", "--host", "0.0.0.0", CONFIG, "--dry-run")
+    assert out.endswith("--host 0.0.0.0 \\\n    --port 31001\n")
+    out = _dry_run(capsys, "--port", "31001", CONFIG, "--dry-run", "--port", "31002")
+    assert out.endswith("--port 31002\n")  # given again after CONFIG: the later one
+
+
+def test_flags_after_double_dash_go_to_sglang_even_right_after_config(capsys):
+    """``serve CFG -- --flag`` (the form server_configs/README.md shows) passes --flag to SGLang;
+    it was refused as an unknown option of ours, and ``serve CFG -- --dry-run`` dry-ran."""
+    out = _dry_run(capsys, "--dry-run", CONFIG, "--", "--disable-cuda-graph", "--port", "1")
+    assert out.endswith("--port 30000 \\\n    --disable-cuda-graph \\\n    --port 1\n")
+
+
+def test_split_extra_cuts_at_the_first_double_dash():
+    args = _parse([])
+    args.extra = ["--port", "31002", "--", "--tp", "2", "--", "--dry-run"]
+    assert launch._split_extra(args) == ["--tp", "2", "--", "--dry-run"]
+    assert args.port == 31002 and args.dry_run is False  # SGLang's, after the first "--"
+    args = _parse([])
+    args.extra = ["--", "--port", "1"]
+    assert launch._split_extra(args) == ["--port", "1"] and args.port == 30000
+    args = _parse([])
+    args.extra = ["--dry-run", "--follow"]
+    assert launch._split_extra(args) == [] and args.dry_run and args.follow
+    args.extra = []
+    assert launch._split_extra(args) == []
+    assert launch._split_extra(argparse.Namespace(extra=None)) == []
+
+
+def test_an_option_after_config_is_refused_by_the_config_parser(capsys):
+    assert launch.main([CONFIG, "--tp", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "sglang-spec serve CONFIG: error: unrecognized arguments: --tp 2 (see --help)\n"
+    )
+    assert launch.main([CONFIG, "--port", "0", "--", "--tp", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "sglang-spec serve CONFIG: error: argument --port: got '0'; valid: an integer from 1 to "
+        "65535 (see --help)\n"
+    )
+
+
+def test_help_after_config_exits_0_and_says_where_sglang_flags_go(capsys):
+    """It exited 2, as if the help were an error."""
+    assert launch.main([CONFIG, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: sglang-spec serve CONFIG [-h]")
+    assert out.rstrip().endswith("SGLang flags go after '--'.")
 
 
 def test_then_runs_after_health_and_stops_the_server(fake, capsys):

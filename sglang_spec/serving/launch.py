@@ -47,15 +47,16 @@ _SPINNER = "|/-\\"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # One REMAINDER positional for CONFIG and what follows it: a positional of its own would
+    # swallow a "--" right after CONFIG (argparse), and `serve CFG -- --flag` would then read
+    # --flag as ours. run() splits it into args.config and args.extra.
+    parser.usage = "%(prog)s [options] [CONFIG [options] [-- SGLANG_FLAGS ...]]"
     parser.add_argument(
         "config",
-        nargs="?",
-        help="config name in server_configs/ (e.g. qwen3-8b-dflash) or a YAML path",
-    )
-    parser.add_argument(
-        "extra",
         nargs=argparse.REMAINDER,
-        help="our options, then '--' and extra flags appended to the SGLang command",
+        metavar="CONFIG [options] [-- SGLANG_FLAGS ...]",
+        help="a config name in server_configs/ (e.g. qwen3-8b-dflash) or a YAML path; "
+        "then our options, then '--' and extra flags appended to the SGLang command",
     )
     _add_options(parser)
 
@@ -148,13 +149,9 @@ def _split_extra(args: argparse.Namespace) -> list[str]:
     else:
         ours, theirs = extra, []
     if ours:
-        p = Parser(
-            prog=f"{PROG} CONFIG",
-            argument_default=argparse.SUPPRESS,
-            epilog="SGLang flags go after '--'.",
-        )
+        p = Parser(prog=f"{PROG} CONFIG", epilog="SGLang flags go after '--'.")
         _add_options(p)
-        vars(args).update(vars(p.parse_args(ours)))
+        p.parse_args(ours, namespace=args)  # keeps what was set before CONFIG unless given again
     return theirs
 
 
@@ -270,6 +267,8 @@ class _Follower:
 
 
 def run(args: argparse.Namespace) -> int:
+    rest = list(args.config or [])
+    args.config, args.extra = (rest[0], rest[1:]) if rest else (None, [])
     if args.list:
         for p in list_configs():
             print(p.stem)
@@ -282,8 +281,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, f"argument CONFIG: {e}")
     try:
         extra = _split_extra(args)
-    except SystemExit as e:  # argparse error in the options given after CONFIG
-        return int(e.code or 2)
+    except SystemExit as e:  # argparse error (2) or --help (0) in the options after CONFIG
+        return 2 if e.code is None else int(e.code)
     cmd = build_command(cfg, args.host, args.port, extra, args.launcher)
     if args.dry_run:
         print(format_command(cmd, cfg.env))
