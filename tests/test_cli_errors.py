@@ -83,6 +83,8 @@ CASES = [
     ("serve-log-tail-neg", *_sg("serve", "--log-tail", "-1", "qwen3-8b-ar"), "--log-tail", "-1"),
     ("serve-log-file-dir", *_sg("serve", "--log-file", "{tmp}/adir", "qwen3-8b-ar"), "--log-file", "adir"),
     ("serve-launcher-empty", *_sg("serve", "--launcher", "", "qwen3-8b-ar"), "--launcher", ""),
+    ("serve-host-empty", *_sg("serve", "--host", " ", "qwen3-8b-ar"), "--host", " "),
+    ("serve-then-empty", *_sg("serve", "qwen3-8b-ar", "--then", ""), "--then", ""),
     # sglang-spec patch
     ("patch-action", *_sg("patch", "bogus"), "action", "bogus"),
     ("patch-sglang-dir", *_sg("patch", "check", "--sglang-dir", "/no/such/dir"), "--sglang-dir", "/no/such/dir"),
