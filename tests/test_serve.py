@@ -8,13 +8,17 @@ group can be checked.
 from __future__ import annotations
 
 import argparse
+import http.server
 import io
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ import pytest
 
 from sglang_spec.cli_args import Parser
 from sglang_spec.serving import launch
+from sglang_spec.serving.configs import list_configs, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "qwen3-8b-dflash"
@@ -35,9 +40,10 @@ FAKE_SERVER = textwrap.dedent(
     with open(os.environ["FAKE_PIDS"], "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
     print("fake sglang starting with", " ".join(argv), flush=True)
+    print("config env:", os.environ.get("SERVE_TEST_ENV"), flush=True)
     mode = os.environ.get("FAKE_MODE", "ok")
     if mode == "crash":
-        print("RuntimeError: boom: CUDA out of memory", flush=True)
+        print("RuntimeError: boom: CUDA out of memory", file=sys.stderr, flush=True)
         child.kill()
         sys.exit(3)
     if mode == "hang":
@@ -51,7 +57,11 @@ FAKE_SERVER = textwrap.dedent(
         def log_message(self, *a):
             pass
 
-    http.server.HTTPServer((host, port), H).serve_forever()
+    server = http.server.HTTPServer((host, port), H)
+    if mode == "exit":  # healthy once, then gone
+        server.handle_request()
+        sys.exit(5)
+    server.serve_forever()
     """
 )
 
@@ -94,7 +104,13 @@ def fake(tmp_path, monkeypatch):
         "--stop-timeout",
         "5",
     ]
-    return {"base": base, "pids": pids, "port": port, "log": tmp_path / "server.log"}
+    return {
+        "base": base,
+        "pids": pids,
+        "port": port,
+        "log": tmp_path / "server.log",
+        "script": script,
+    }
 
 
 def _pids(path: Path) -> list[int]:
@@ -211,32 +227,326 @@ def test_help_after_config_exits_0_and_says_where_sglang_flags_go(capsys):
     assert out.rstrip().endswith("SGLang flags go after '--'.")
 
 
-def test_then_runs_after_health_and_stops_the_server(fake, capsys):
-    probe = f"{sys.executable} -c \"import os,urllib.request as u; print('health', u.urlopen(os.environ['SGLANG_URL'] + '/health').status)\""
-    rc = launch.main([*fake["base"], "--then", probe, "--timeout", "30"])
-    assert rc == 0
-    captured = capsys.readouterr()
-    assert f"READY http://127.0.0.1:{fake['port']}" in captured.out
+def test_printed_command_is_what_a_shell_runs():
+    """The --dry-run output, copied into a shell, runs exactly the command: environment first,
+    each flag with its values on a line, everything quoted."""
+    cmd = ["/opt/my python/bin/python", "-m", "sglang.launch_server", "--model-path", "Q/Q3"]
+    cmd += ["--json", '{"a": 1}', "--flag", "--list", "x", "y z", "--port", "30000"]
+    text = launch.format_command(cmd, {"A": "1", "B": "x y"})
+    assert text == (
+        "A=1 B='x y' '/opt/my python/bin/python' -m sglang.launch_server \\\n"
+        "    --model-path Q/Q3 \\\n"
+        "    --json '{\"a\": 1}' \\\n"
+        "    --flag \\\n"
+        "    --list x 'y z' \\\n"
+        "    --port 30000"
+    )
+    assert shlex.split(text.replace("\\\n", "")) == ["A=1", "B=x y", *cmd]
+    assert launch.format_command(["python3", "-V"], {}) == "python3 -V"  # no flags, no env
+    assert launch.format_command(["python3", "--x"], {}) == "python3 \\\n    --x"
+
+
+def test_build_command_puts_config_host_port_then_extra():
+    cfg = load_config(CONFIG)
+    cmd = launch.build_command(cfg, "::", 31003, ["--tp", "2"], "env 'A B=1' {python}/x -m s")
+    assert cmd == [
+        "env", "A B=1", f"{sys.executable}/x", "-m", "s",
+        *cfg.argv(), "--host", "::", "--port", "31003", "--tp", "2",
+    ]  # fmt: skip
+    assert launch.build_command(cfg, "h", 1)[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert launch.build_command(cfg, "h", 1)[-4:] == ["--host", "h", "--port", "1"]
+
+
+@pytest.mark.parametrize(
+    ("host", "probe"),
+    [("0.0.0.0", "127.0.0.1"), ("", "127.0.0.1"), ("::", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")]
+    + [("localhost", "localhost"), ("10.1.2.3", "10.1.2.3"), ("::1", "::1")],
+)
+def test_a_wildcard_bind_address_is_probed_on_loopback(host, probe):
+    assert launch._probe_host(host) == probe
+
+
+def test_port_in_use_probes_loopback_for_a_wildcard_host():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        assert launch.port_in_use("127.0.0.1", busy) and launch.port_in_use("0.0.0.0", busy)
+    assert not launch.port_in_use("127.0.0.1", _free_port())
+
+
+def test_list_prints_every_config_name(capsys):
+    assert launch.main(["--list"]) == 0
+    assert capsys.readouterr().out.split() == [p.stem for p in list_configs()]
+
+
+def test_no_config_is_a_usage_error(capsys):
+    assert launch.main([]) == 2
+    assert capsys.readouterr().err == (
+        "sglang-spec serve: error: a CONFIG is required (--list shows them) (see --help)\n"
+    )
+
+
+def test_tail_reads_the_last_lines_of_any_bytes(tmp_path):
+    log = tmp_path / "log"
+    log.write_bytes(b"one\ntwo\n\xff three\nfour")
+    assert launch.tail(log, 2) == ["\ufffd three\n", "four"]
+    assert launch.tail(log, 0) == []
+    assert launch.tail(tmp_path / "missing", 5) == []
+
+
+def test_print_tail_frames_the_last_lines(tmp_path, capsys):
+    log = tmp_path / "log"
+    log.write_text("a\nb\nc")
+    launch._print_tail(log, 2)
+    assert capsys.readouterr().err == (
+        f"[serve] ---- last 2 lines of {log} ----\nb\nc\n[serve] ---- end of log ----\n"
+    )
+
+
+def test_follower_echoes_only_what_was_added(tmp_path, capsys):
+    log = tmp_path / "log"
+    follower = launch._Follower(log)
+    follower.pump()  # no file yet
+    log.write_bytes(b"first \xff\n")
+    follower.pump()
+    with open(log, "a") as f:
+        f.write("second\n")
+    follower.pump()
+    assert capsys.readouterr().out == "first \ufffd\nsecond\n"
+
+
+def test_progress_rewrites_a_tty_line_and_prints_a_pipe_every_10_s(monkeypatch, capsys):
+    clock = iter([10.0, 15.0, 20.0, 50.0])
+    monkeypatch.setattr(launch.time, "monotonic", lambda: next(clock))
+    state = {}
+    for msg in ("a", "b", "c"):  # at 10 s (the first at once), 15 s and 20 s
+        launch._progress(msg, False, state)
+    assert capsys.readouterr().err == "a\nc\n" and state == {"last": 20.0}
+    launch._progress("x" * 200, True, state)
+    assert capsys.readouterr().err == "\r\033[K" + "x" * 160 and state == {"last": 20.0}
+
+
+def test_help_names_the_command_and_says_what_it_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as e:
+        launch.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "usage: sglang-spec serve [options] [CONFIG [options] [-- SGLANG_FLAGS ...]]\n\n"
+        "``sglang-spec serve CONFIG``: start an SGLang server from a ``server_configs/`` YAML file.\n"
+    )
+
+
+def test_bad_config_and_option_errors_name_the_command(capsys):
+    assert launch.main(["no-such-config"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "sglang-spec serve: error: argument CONFIG: no server config 'no-such-config'; known: "
+    )
+    with pytest.raises(SystemExit):
+        launch.main(["--port", "0", CONFIG])
+    assert capsys.readouterr().err.startswith("sglang-spec serve: error: argument --port: ")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 503)
+        self.end_headers()
+
+    def log_message(self, *_args):
+        pass
+
+
+def test_health_ok_only_for_200_and_never_hangs():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert launch.health_ok(url + "/health") is True
+        assert launch.health_ok(url + "/other") is False  # 503
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert launch.health_ok(f"http://127.0.0.1:{_free_port()}/health") is False  # refused
+    assert launch.health_ok("not a url") is False
+    with socket.socket() as mute:  # accepts the connection, never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        result = []
+        probe = threading.Thread(
+            target=lambda: result.append(
+                launch.health_ok(f"http://127.0.0.1:{mute.getsockname()[1]}/health", 0.2)
+            ),
+            daemon=True,
+        )
+        probe.start()
+        probe.join(20)
+        assert result == [False]  # gave up after its timeout
+
+
+def test_ignores_signal_is_false_where_it_cannot_tell(monkeypatch):
+    class NoSigIgn:
+        def __init__(self, _path):
+            pass
+
+        def read_text(self):
+            return "Name:\tx\nSigBlk:\t0000000000000002\n"
+
+    monkeypatch.setattr(launch, "Path", NoSigIgn)
+    assert launch.ignores_signal(1, signal.SIGINT) is False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_stop_escalates_from_sigint_to_sigterm_to_sigkill():
+    """A server that outlives SIGINT and SIGTERM (handled, not ignored) is killed after ``grace``
+    seconds each; each escalation is reported, and the server's exit status returned."""
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: None); "
+        "signal.signal(signal.SIGTERM, lambda *a: None); print('up', flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout.readline() == "up\n"
+        out = io.StringIO()
+        t0 = time.monotonic()
+        assert launch.stop_process_group(proc, grace=0.2, out=out) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 5
+        assert out.getvalue() == (
+            "[serve] server still running after SIGINT; escalating\n"
+            "[serve] server still running after SIGTERM; escalating\n"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_then_runs_after_health_and_stops_the_server(fake, tmp_path, capfd):
+    """The whole transcript of a --then run: what is printed where, the config's environment in
+    the server, $SGLANG_URL in CMD, and --then's exit code as ours."""
+    config = tmp_path / "with-env.yaml"
+    text = (REPO / "server_configs" / f"{CONFIG}.yaml").read_text()
+    config.write_text(text + "env:\n  SERVE_TEST_ENV: from the config\n")
+    probe = f"{sys.executable} -c \"import os,urllib.request as u; print('health', u.urlopen(os.environ['SGLANG_URL'] + '/health').status)\"; exit 7"
+    rc = launch.main([str(config), *fake["base"][1:], "--then", probe, "--timeout", "30"])
+    assert rc == 7
+    out, err = capfd.readouterr()
+    url = f"http://127.0.0.1:{fake['port']}"
+    assert out == f"READY {url}\nhealth 200\n"  # no server log on stdout without --follow
     server, child = _pids(fake["pids"])
+    cmd = launch.build_command(
+        load_config(config), "127.0.0.1", fake["port"], [], f"{{python}} {fake['script']}"
+    )
+    waiting = [line for line in err.splitlines() if line.startswith("[serve] waiting for ")]
+    assert waiting[0].startswith(f"[serve] waiting for {url}/health |     0s  ")  # at once
+    lines = [line for line in err.splitlines() if line not in waiting]
+    assert lines[:4] == [
+        "[serve] qwen3-8b-dflash (DFLASH, Qwen/Qwen3-8B)",
+        f"[serve] command: {shlex.join(cmd)}",
+        f"[serve] log: {fake['log']}",
+        f"[serve] pid {server}",
+    ]
+    assert re.fullmatch(rf"\[serve\] ready: {url} \((\d+\.\d)s\)", lines[4])
+    assert float(re.search(r"\((.*)s\)", lines[4])[1]) < 30  # seconds since start, not a clock
+    assert lines[5:] == [
+        f"[serve] running: {probe}",
+        "[serve] --then exited with 7; stopping the server",
+        "[serve] server stopped (exit -2)",  # SIGINT first
+    ]
     assert _gone(server) and _gone(child)
-    assert "fake sglang starting with" in fake["log"].read_text()
-    assert f"--port {fake['port']}" in fake["log"].read_text()
+    log = fake["log"].read_text()
+    assert "fake sglang starting with" in log and f"--port {fake['port']}" in log
+    assert "config env: from the config" in log
 
 
-def test_crash_before_health_prints_the_log_tail(fake, monkeypatch, capsys):
+def test_crash_before_health_prints_the_log_tail(fake, tmp_path, monkeypatch, capsys):
+    """The server's stderr goes to the log too; --log-tail lines of it are shown; the log's
+    directories are created."""
     monkeypatch.setenv("FAKE_MODE", "crash")
-    assert launch.main([*fake["base"], "--timeout", "30"]) == 1
+    log = tmp_path / "a" / "b" / "server.log"
+    argv = [*fake["base"], "--timeout", "30", "--log-file", str(log), "--log-tail", "1"]
+    assert launch.main(argv) == 1
     err = capsys.readouterr().err
-    assert "exited with code 3" in err
-    assert "boom: CUDA out of memory" in err
+    assert err.endswith(
+        "[serve] server exited with code 3 before becoming healthy\n"
+        f"[serve] ---- last 1 lines of {log} ----\n"
+        "RuntimeError: boom: CUDA out of memory\n"
+        "[serve] ---- end of log ----\n"
+        "[serve] server stopped (exit 3)\n"
+    )
+
+
+def test_default_log_file_is_named_by_config_and_start_time(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MODE", "crash")
+    monkeypatch.chdir(tmp_path)
+    base = [a for a in fake["base"] if a != str(fake["log"])]
+    base.remove("--log-file")
+    assert launch.main([*base, "--timeout", "30"]) == 1
+    (log,) = (tmp_path / "serve_logs").iterdir()
+    assert re.fullmatch(rf"{CONFIG}-20\d{{6}}-\d{{6}}\.log", log.name), log.name
+    assert "boom" in log.read_text()
 
 
 def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_MODE", "hang")
     assert launch.main([*fake["base"], "--timeout", "2"]) == 1
-    assert "not ready after" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "[serve] /health not ready after 2s; stopping the server\n" in err
+    assert out == ""  # the log is echoed with --follow only
     server, child = _pids(fake["pids"])
     assert _gone(server) and _gone(child)
+
+
+def test_waiting_shows_a_spinner_on_a_tty_and_follow_echoes_the_log(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert launch.main([*fake["base"], "--timeout", "2", "--follow"]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("fake sglang starting with")  # --follow
+    url = f"http://127.0.0.1:{fake['port']}"
+    frames = re.findall(
+        rf"\r\033\[K\[serve\] waiting for {url}/health (.) +(\d+)s  ([^\r\n]*)", err
+    )
+    assert [f[0] for f in frames[:3]] == ["|", "/", "-"]
+    assert all(int(f[1]) <= 30 for f in frames)  # seconds since start
+    assert frames[-1][2] == "config env: None"  # the log's last line
+    assert "\n[serve] /health not ready after 2s" in err  # the spinner line is ended
+
+
+def test_a_server_that_exits_after_becoming_healthy_is_reported(fake, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_MODE", "exit")
+    assert launch.main([*fake["base"], "--timeout", "30", "--log-tail", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"READY http://127.0.0.1:{fake['port']}\n"
+    assert (
+        "[serve] server exited with code 5\n"
+        f"[serve] ---- last 1 lines of {fake['log']} ----\n"
+        "config env: None\n"
+        "[serve] ---- end of log ----\n"
+    ) in err
+
+
+def test_ctrl_c_in_process_returns_130(fake, monkeypatch, capsys):
+    """Ctrl-C while the server runs: 130, the server stopped (SIGINT first)."""
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setattr(launch, "health_ok", lambda _url: True)
+
+    sleep = time.sleep
+
+    def interrupt_once(_seconds):  # the first sleep is the wait loop's; later ones are the stop's
+        monkeypatch.setattr(launch.time, "sleep", sleep)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch.time, "sleep", interrupt_once)
+    assert launch.main([*fake["base"], "--timeout", "30"]) == 130
+    err = capsys.readouterr().err
+    assert re.search(
+        r"s\)\n\n\[serve\] interrupted; stopping the server\n\[serve\] server stopped \(exit -?\d+\)\n$",
+        err,
+    )
 
 
 def test_busy_port_is_refused(fake, capsys):
@@ -244,7 +554,10 @@ def test_busy_port_is_refused(fake, capsys):
         s.bind(("127.0.0.1", fake["port"]))
         s.listen()
         assert launch.main([*fake["base"], "--timeout", "5"]) == 2
-    assert "already in use" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"sglang-spec serve: error: argument --port: got '{fake['port']}'; valid: a free port "
+        "(this one is already in use: stop that server) (see --help)\n"
+    )
     assert not fake["pids"].exists()  # nothing was started
 
 
@@ -257,6 +570,8 @@ def test_ctrl_c_stops_the_process_group(fake):
         text=True,
         env=env,
         cwd=REPO,
+        # a suite started from a background job (`&`) ignores SIGINT, and so would the launcher
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = proc.stdout.readline()  # blocks until READY (bounded by --timeout) or exit
@@ -301,8 +616,9 @@ def test_a_server_that_ignores_sigint_is_stopped_without_waiting_out_the_grace()
             assert launch.ignores_signal(proc.pid, signal.SIGTERM) is False
             out = io.StringIO()
             t0 = time.monotonic()
-            launch.stop_process_group(proc, grace=20, out=out)
+            rc = launch.stop_process_group(proc, grace=20, out=out)
             assert time.monotonic() - t0 < 5 and proc.poll() is not None
+            assert rc == (-signal.SIGTERM if ignore_sigint else -signal.SIGINT)
             assert "escalating" not in out.getvalue()
         finally:
             if proc.poll() is None:
