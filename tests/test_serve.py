@@ -503,17 +503,17 @@ def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
 def test_waiting_shows_a_spinner_on_a_tty_and_follow_echoes_the_log(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_MODE", "hang")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    assert launch.main([*fake["base"], "--timeout", "2", "--follow"]) == 1
+    assert launch.main([*fake["base"], "--timeout", "3", "--follow"]) == 1
     out, err = capsys.readouterr()
     assert out.startswith("fake sglang starting with")  # --follow
     url = f"http://127.0.0.1:{fake['port']}"
     frames = re.findall(
         rf"\r\033\[K\[serve\] waiting for {url}/health (.) +(\d+)s  ([^\r\n]*)", err
     )
-    assert [f[0] for f in frames[:3]] == ["|", "/", "-"]
+    assert [f[0] for f in frames[:5]] == ["|", "/", "-", "\\", "|"]  # 5 frames in 3 s
     assert all(int(f[1]) <= 30 for f in frames)  # seconds since start
     assert frames[-1][2] == "config env: None"  # the log's last line
-    assert "\n[serve] /health not ready after 2s" in err  # the spinner line is ended
+    assert "\n[serve] /health not ready after 3s" in err  # the spinner line is ended
 
 
 def test_a_server_that_exits_after_becoming_healthy_is_reported(fake, monkeypatch, capsys):
