@@ -84,6 +84,7 @@ CASES = [
     ("serve-log-file-dir", *_sg("serve", "--log-file", "{tmp}/adir", "qwen3-8b-ar"), "--log-file", "adir"),
     ("serve-launcher-empty", *_sg("serve", "--launcher", "", "qwen3-8b-ar"), "--launcher", ""),
     ("serve-host-empty", *_sg("serve", "--host", " ", "qwen3-8b-ar"), "--host", " "),
+    ("serve-launcher-missing", *_sg("serve", "--launcher", "/no/such/python -m x", "qwen3-8b-ar"), "--launcher", "/no/such/python -m x"),
     ("serve-then-empty", *_sg("serve", "qwen3-8b-ar", "--then", ""), "--then", ""),
     # sglang-spec patch
     ("patch-action", *_sg("patch", "bogus"), "action", "bogus"),

@@ -280,6 +280,18 @@ def test_list_prints_every_config_name(capsys):
     assert capsys.readouterr().out.split() == [p.stem for p in list_configs()]
 
 
+def test_list_after_config_lists_instead_of_starting_the_server(capsys, monkeypatch):
+    """`serve CFG --list` is the same request as `serve --list` (session 15's review found the
+    option parsed after CONFIG, ignored, and the server started)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    assert launch.main(["qwen3-8b-ar", "--list"]) == 0
+    assert capsys.readouterr().out.split() == [p.stem for p in list_configs()]
+
+
 def test_no_config_is_a_usage_error(capsys):
     assert launch.main([]) == 2
     assert capsys.readouterr().err == (
@@ -503,17 +515,18 @@ def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
 def test_waiting_shows_a_spinner_on_a_tty_and_follow_echoes_the_log(fake, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_MODE", "hang")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    assert launch.main([*fake["base"], "--timeout", "3", "--follow"]) == 1
+    # 6 s for 5 frames about 0.5 s apart: slack for a loaded 2-core CI box
+    assert launch.main([*fake["base"], "--timeout", "6", "--follow"]) == 1
     out, err = capsys.readouterr()
     assert out.startswith("fake sglang starting with")  # --follow
     url = f"http://127.0.0.1:{fake['port']}"
     frames = re.findall(
         rf"\r\033\[K\[serve\] waiting for {url}/health (.) +(\d+)s  ([^\r\n]*)", err
     )
-    assert [f[0] for f in frames[:5]] == ["|", "/", "-", "\\", "|"]  # 5 frames in 3 s
+    assert [f[0] for f in frames[:5]] == ["|", "/", "-", "\\", "|"]  # the 5th wraps around
     assert all(int(f[1]) <= 30 for f in frames)  # seconds since start
     assert frames[-1][2] == "config env: None"  # the log's last line
-    assert "\n[serve] /health not ready after 3s" in err  # the spinner line is ended
+    assert "\n[serve] /health not ready after 6s" in err  # the spinner line is ended
 
 
 def test_a_server_that_exits_after_becoming_healthy_is_reported(fake, monkeypatch, capsys):

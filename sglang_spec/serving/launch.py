@@ -18,6 +18,7 @@ import argparse
 import datetime as _dt
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -266,13 +267,17 @@ class _Follower:
             sys.stdout.flush()
 
 
+def _list() -> int:
+    for p in list_configs():
+        print(p.stem)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     rest = list(args.config or [])
     args.config, args.extra = (rest[0], rest[1:]) if rest else (None, [])
     if args.list:
-        for p in list_configs():
-            print(p.stem)
-        return 0
+        return _list()
     if not args.config:
         return fail(PROG, "a CONFIG is required (--list shows them)")
     try:
@@ -283,10 +288,19 @@ def run(args: argparse.Namespace) -> int:
         extra = _split_extra(args)
     except SystemExit as e:  # argparse error (2) or --help (0) in the options after CONFIG
         return 2 if e.code is None else int(e.code)
+    if args.list:  # given after CONFIG
+        return _list()
     cmd = build_command(cfg, args.host, args.port, extra, args.launcher)
     if args.dry_run:
         print(format_command(cmd, cfg.env))
         return 0
+    if shutil.which(cmd[0]) is None:
+        return usage_error(
+            PROG,
+            "--launcher",
+            args.launcher,
+            "a command prefix whose program exists on this machine",
+        )
 
     if port_in_use(args.host, args.port):
         return usage_error(
