@@ -284,7 +284,7 @@ def test_list_after_config_lists_instead_of_starting_the_server(capsys, monkeypa
     """`serve CFG --list` is the same request as `serve --list` (session 15's review found the
     option parsed after CONFIG, ignored, and the server started)."""
 
-    def refuse(*args, **kwargs):
+    def refuse(*_args, **_kwargs):
         raise AssertionError("a server was started")
 
     monkeypatch.setattr(launch.subprocess, "Popen", refuse)
