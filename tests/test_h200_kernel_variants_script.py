@@ -10,6 +10,12 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# what a variant replaces: the kernel, its verify entry point and the benchmark
+FILES = (
+    "sglang_spec/gdn/triton_tree_recurrence.py",
+    "sglang_spec/gdn/sglang_verify.py",
+    "benchmarks/gdn_tree_recurrence.py",
+)
 
 
 def test_prepare_copies_the_kernel_its_verify_entry_point_and_the_benchmark():
@@ -25,11 +31,7 @@ def test_prepare_copies_the_kernel_its_verify_entry_point_and_the_benchmark():
             timeout=60,
         )
         assert out.returncode == 0, out.stdout + out.stderr
-        for f in (
-            "sglang_spec/gdn/triton_tree_recurrence.py",
-            "sglang_spec/gdn/sglang_verify.py",
-            "benchmarks/gdn_tree_recurrence.py",
-        ):
+        for f in FILES:
             got = subprocess.run(
                 ["git", "show", f"{branch}:{f}"], cwd=ROOT, capture_output=True, text=True
             ).stdout
@@ -48,16 +50,11 @@ def _pick(
     tree = tmp_path / "tree"
     (tree / "e2e").mkdir(parents=True)
     shutil.copy(ROOT / "e2e" / "h200_kernel_variants.sh", tree / "e2e")
-    files = (
-        "sglang_spec/gdn/triton_tree_recurrence.py",
-        "sglang_spec/gdn/sglang_verify.py",
-        "benchmarks/gdn_tree_recurrence.py",
-    )
     out = tmp_path / "out"
     out.mkdir()
     for name, us in times.items():
         base = tree if name == "main" else tree / "alt" / name
-        for f in files:
+        for f in FILES:
             (base / f).parent.mkdir(parents=True, exist_ok=True)
             (base / f).write_text(name)
         rows = [
