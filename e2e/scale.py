@@ -669,16 +669,27 @@ class Run:
 
 # ------------------------------------------------------------------------------------ stage times
 def summarize_stage_file(folder: Path, slug: str) -> dict | None:
-    """``<folder>/<slug>.jsonl`` (one decode step per line, as the DDTREE worker appends with
-    ``SGLANG_DDTREE_STAGE_TIMES``) -> ``<folder>/<slug>.json``: per batch size, the step count and
-    the median host and GPU milliseconds of each stage."""
+    """``<folder>/<slug>.jsonl`` (one decode step or prefill per line, as the worker appends with
+    ``SGLANG_DDTREE_STAGE_TIMES``) -> ``<folder>/<slug>.json``: per batch size, the decode step
+    count and the median host and GPU milliseconds of each stage (``by_bs``), and the same of the
+    prefills (``extends_by_bs``, with their median prompt tokens)."""
     raw = folder / f"{slug}.jsonl"
     if not raw.exists():
         return None
-    steps = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
-    summary = {"server_slug": slug, "by_bs": stage_medians(steps)}
+    lines = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
+    steps = [r for r in lines if r.get("phase") != "extend"]
+    extends = [r for r in lines if r.get("phase") == "extend"]
+    summary = {
+        "server_slug": slug,
+        "by_bs": stage_medians(steps),
+        "extends_by_bs": extend_medians(extends),
+    }
     (folder / f"{slug}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return {"steps": len(steps), "batch_sizes": sorted(summary["by_bs"], key=stage_key)}
+    return {
+        "steps": len(steps),
+        "extends": len(extends),
+        "batch_sizes": sorted(summary["by_bs"], key=stage_key),
+    }
 
 
 def stage_medians(steps: list[dict]) -> dict:
@@ -701,6 +712,25 @@ def stage_medians(steps: list[dict]) -> dict:
                 for st in stages
             }
         out[str(bs) if widths[bs] == 1 else f"{bs}:{width}"] = entry
+    return out
+
+
+def extend_medians(extends: list[dict]) -> dict:
+    """Per batch size (new requests) of the prefills: their count, median prompt tokens, and the
+    median host and GPU ms of the prefill and of the GPU time before it."""
+    groups: dict[int, list[dict]] = {}
+    for r in extends:
+        groups.setdefault(int(r["bs"]), []).append(r)
+    out = {}
+    for bs, rows in sorted(groups.items()):
+        between = [r["gpu_between_ms"] for r in rows if r.get("gpu_between_ms") is not None]
+        out[str(bs)] = {
+            "extends": len(rows),
+            "tokens": statistics.median(r["tokens"] for r in rows),
+            "host_ms": statistics.median(r["host_ms"]["extend"] for r in rows),
+            "gpu_ms": statistics.median(r["gpu_ms"]["extend"] for r in rows),
+            "gpu_between_ms": statistics.median(between) if between else None,
+        }
     return out
 
 

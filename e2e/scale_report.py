@@ -129,6 +129,20 @@ def stage_tables(folder: Path) -> str:
             gap = "-" if between is None else f"{between:.2f}"
             out.append(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {total} | {gap} |")
         out.append("")
+        if data.get("extends_by_bs"):
+            out += [
+                f"Prefills of {data['server_slug']} (medians per prefill batch):",
+                "",
+                "| new requests | prefills | prompt tokens | host ms | GPU ms | GPU ms before it |",
+                "|---|---|---|---|---|---|",
+            ]
+            for bs, e in sorted(data["extends_by_bs"].items(), key=lambda kv: int(kv[0])):
+                gap = "-" if e["gpu_between_ms"] is None else f"{e['gpu_between_ms']:.2f}"
+                out.append(
+                    f"| {bs} | {e['extends']} | {e['tokens']:g} | {e['host_ms']:.2f} | "
+                    f"{e['gpu_ms']:.2f} | {gap} |"
+                )
+            out.append("")
     return "\n".join(out)
 
 

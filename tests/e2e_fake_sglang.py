@@ -165,6 +165,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if stage_file := os.environ.get("SGLANG_DDTREE_STAGE_TIMES"):
             bs = min(len(prompts), MAX_RUNNING)
             with open(stage_file, "a") as f:
+                tokens = sum(len(x) for x in prompts)  # the prefill first, 4 GPU ms per prompt
+                gpu = {"extend": 4.0 * len(prompts)}
+                line = {"phase": "extend", "bs": len(prompts), "tokens": tokens}
+                f.write(json.dumps({**line, "host_ms": {"extend": 3.0}, "gpu_ms": gpu}) + "\n")
                 for s in range(steps):
                     step = {"draft": 1.0 + s % 2, "verify": 2.0}
                     gpu = {"draft": 0.5, "verify": 10.0 * bs}

@@ -249,6 +249,22 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
                         "gpu_ms": {"draft": 2.0, "verify": 20.0},
                     },
                 },
+                "extends_by_bs": {
+                    "8": {
+                        "extends": 2,
+                        "tokens": 4096,
+                        "host_ms": 5.5,
+                        "gpu_ms": 120.25,
+                        "gpu_between_ms": None,
+                    },
+                    "1": {
+                        "extends": 3,
+                        "tokens": 512,
+                        "host_ms": 4.0,
+                        "gpu_ms": 60.0,
+                        "gpu_between_ms": 0.5,
+                    },
+                },
             }
         )
     )
@@ -272,6 +288,8 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
     # bs sorted numerically; the GPU time between steps where the summary has it
     assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 | - |" in md
     assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 | 1.25 |" in md
+    # the prefills, under the decode steps, by new requests sorted numerically
+    assert "| 1 | 3 | 512 | 4.00 | 60.00 | 0.50 |\n| 8 | 2 | 4096 | 5.50 | 120.25 | - |" in md
     assert "x at C = 8: 22.10 GPU ms per step" in md
     png = results.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -388,6 +388,15 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert stages["by_bs"]["2"]["steps"] == 11 and stages["by_bs"]["2"]["host_ms"]["draft"] == 1.0
     # GPU ms between steps, the first of each request left out: 0.5, 1 | 0.5, 1, 0 | 0.5, 1, 0
     assert stages["by_bs"]["2"]["gpu_between_ms"] == 0.5
+    # the prefills are kept apart from the decode steps: per batch size of new requests
+    assert stages["extends_by_bs"]["2"] == {
+        "extends": 3,  # the warmup's, the level's and the profiled run's
+        "tokens": 2 * 8,  # the test runs 8-token prompts
+        "host_ms": 3.0,
+        "gpu_ms": 8.0,
+        "gpu_between_ms": None,
+    }
+    assert stages["extends_by_bs"]["4"]["extends"] == 2
     prof = json.loads(
         (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2.json").read_text()
     )

@@ -959,6 +959,16 @@ def _decode_batch(spec_info, bs):
     )
 
 
+def _extend_batch(bs, extend_lens):
+    return SimpleNamespace(
+        forward_mode=SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False),
+        is_extend_in_batch=False,
+        extend_lens=extend_lens,
+        spec_info=None,
+        seq_lens=torch.zeros(bs, dtype=torch.int64),
+    )
+
+
 def _staged_worker(calls, tick=None):
     """A DDTreeWorker without SGLang runners: each stage records its call (and ``tick``s the fake
     clocks of a timing test) and returns a token."""
@@ -1493,6 +1503,48 @@ def test_stage_times_one_line_per_decode_step(tmp_path):
 
 
 @pytest.mark.usefixtures("loaded")
+def test_stage_times_time_a_ddtree_prefill_as_one_extend_line(tmp_path, monkeypatch):
+    """A prefill (DFLASH's extend path, which DDTREE runs unchanged) between two decode steps is
+    one ``extend`` line with its new requests and prompt tokens; the decode step after it counts
+    its GPU gap from the prefill's end. Untimed, the prefill runs straight through."""
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_spec.plugin.stage_times import StageTimer
+
+    def prefill(_self, batch, *_args):
+        _FakeEvent.gpu_ms += 40.0
+        return f"prefilled {len(batch.seq_lens)}"
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", prefill)
+    worker, _ = _staged_worker(
+        [], lambda _name: setattr(_FakeEvent, "gpu_ms", _FakeEvent.gpu_ms + 1)
+    )
+    extend = _extend_batch(bs=3, extend_lens=[512, 512, 100])
+    assert worker.forward_batch_generation(extend) == "prefilled 3"  # no timer: not timed
+    path = tmp_path / "stages.jsonl"
+    timer = StageTimer(str(path), new_event=_FakeEvent, clock=lambda: 0.0)
+    timer.instrument(worker)
+    worker.stage_timer = timer
+    spec_info = DFlashDraftInputV2.create_idle_input(device="cpu")
+    _FakeEvent.synchronized, _FakeEvent.done_ms = 0, float("inf")
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=2))
+    _FakeEvent.gpu_ms += 2.0
+    assert worker.forward_batch_generation(extend) == "prefilled 3"
+    _FakeEvent.gpu_ms += 5.0
+    worker.forward_batch_generation(_decode_batch(spec_info, bs=3))
+    timer.flush()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r.get("phase"), r["bs"]) for r in records] == [(None, 2), ("extend", 3), (None, 3)]
+    pre = records[1]
+    assert pre["tokens"] == 1124 and "width" not in pre
+    assert pre["gpu_ms"] == {"extend": pytest.approx(40.0)} and list(pre["host_ms"]) == ["extend"]
+    assert pre["gpu_between_ms"] == pytest.approx(2.0)
+    assert records[2]["gpu_between_ms"] == pytest.approx(5.0)
+    assert list(records[2]["gpu_ms"]) == list(STAGES)
+
+
+@pytest.mark.usefixtures("loaded")
 def test_stage_times_never_wait_for_a_running_step(tmp_path):
     """Overlap scheduling launches step n + 1 before step n has finished on the device: beginning
     it writes only the steps already finished, without waiting, in launch order."""
@@ -1523,8 +1575,9 @@ def test_stage_times_never_wait_for_a_running_step(tmp_path):
 @pytest.mark.usefixtures("loaded")
 def test_dflash_decode_steps_are_timed_as_one_stage(tmp_path, monkeypatch):
     """SGLANG_DDTREE_STAGE_TIMES on a DFLASH server: each decode step of upstream's worker is one
-    ``step`` line (GPU time and the gap before it), for comparison with DDTREE's stages in one
-    run; prefill, idle batches and DDTREE's own worker (a subclass) pass through untimed."""
+    ``step`` line (GPU time and the gap before it) and each prefill one ``extend`` line, for
+    comparison with DDTREE's in one run; idle batches and DDTREE's own worker (a subclass) pass
+    through untimed."""
     import sglang.srt.runtime_context as runtime_context
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
@@ -1549,24 +1602,29 @@ def test_dflash_decode_steps_are_timed_as_one_stage(tmp_path, monkeypatch):
     worker.block_size = 16
     assert worker.forward_batch_generation(_decode_batch(None, bs=2)) == "result 2"
     _FakeEvent.gpu_ms += 5.0
-    extend = _decode_batch(None, bs=9)
-    extend.forward_mode = SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False)
+    extend = _extend_batch(bs=9, extend_lens=[100] * 8 + [12])
     idle = _decode_batch(None, bs=8)
     idle.forward_mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: True)
     ddtree = object.__new__(DDTreeWorker)
     for who, batch in ((worker, extend), (worker, idle), (ddtree, _decode_batch(None, bs=7))):
-        DFlashWorkerV2.forward_batch_generation(who, batch)
+        assert (
+            DFlashWorkerV2.forward_batch_generation(who, batch) == f"result {len(batch.seq_lens)}"
+        )
     assert worker.forward_batch_generation(_decode_batch(None, bs=4)) == "result 4"
     assert calls == [2, 9, 8, 7, 4]
     worker.forward_batch_generation(_decode_batch(None, bs=1))  # writes the finished steps
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["bs"], r["width"], list(r["gpu_ms"])) for r in records] == [
+    assert [(r["bs"], r.get("width"), list(r["gpu_ms"])) for r in records] == [
         (2, 16, ["step"]),
+        (9, None, ["extend"]),
         (4, 16, ["step"]),
     ]
-    assert [r["gpu_ms"]["step"] for r in records] == [pytest.approx(3.0)] * 2
-    # between them: 5 ms, then the three untimed calls (3 ms each)
-    assert records[1]["gpu_between_ms"] == pytest.approx(14.0)
+    assert records[1]["phase"] == "extend" and records[1]["tokens"] == 812
+    assert "phase" not in records[0] and "phase" not in records[2]
+    assert [r["gpu_ms"][next(iter(r["gpu_ms"]))] for r in records] == [pytest.approx(3.0)] * 3
+    assert records[1]["gpu_between_ms"] == pytest.approx(5.0)
+    # after the prefill: the two untimed calls (3 ms each)
+    assert records[2]["gpu_between_ms"] == pytest.approx(6.0)
 
 
 def test_stage_times_env(tmp_path):

@@ -371,6 +371,7 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         for f in (
             "forward_mode",
             "is_extend_in_batch",
+            "extend_lens",
             "spec_info",
             "seq_lens",
             "seq_lens_cpu",
@@ -787,11 +788,21 @@ def unsupported_drafter_head(worker: Any) -> str | None:
     return None
 
 
-def wrap_dflash_decode_step(timed: Any) -> None:
-    """Send every upstream DFLASH decode step (``DFlashWorkerV2.forward_batch_generation`` on a
-    decode batch of a plain DFLASH worker; DDTREE's worker overrides the method) through
-    ``timed(worker, batch, call)``, which must return ``call()``. Idempotent; profiling only
-    (``stage_times.time_dflash_steps``)."""
+def is_extend(batch: Any) -> bool:
+    """A prefill batch, or a mixed one with extends in it (the worker's extend path)."""
+    return bool(batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+
+
+def extend_tokens(batch: Any) -> int:
+    """Prompt tokens a prefill batch computes (its cached prefixes not counted)."""
+    return int(sum(batch.extend_lens or ()))
+
+
+def wrap_dflash_steps(timed: Any) -> None:
+    """Send every upstream DFLASH decode step and prefill (``DFlashWorkerV2.forward_batch_generation``
+    of a plain DFLASH worker on a decode or an extend batch, not an idle one; DDTREE's worker
+    overrides the method) through ``timed(worker, batch, call)``, which must return ``call()``.
+    Idempotent; profiling only (``stage_times.time_dflash_steps``)."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     original = DFlashWorkerV2.forward_batch_generation
@@ -803,9 +814,8 @@ def wrap_dflash_decode_step(timed: Any) -> None:
         def call():
             return original(self, batch, *args, **kwargs)
 
-        mode = batch.forward_mode
-        decode = not (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle())
-        return timed(self, batch, call) if type(self) is DFlashWorkerV2 and decode else call()
+        plain = type(self) is DFlashWorkerV2
+        return timed(self, batch, call) if plain and not batch.forward_mode.is_idle() else call()
 
     forward_batch_generation.sglang_spec_timed = True
     DFlashWorkerV2.forward_batch_generation = forward_batch_generation

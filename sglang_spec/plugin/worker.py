@@ -285,9 +285,17 @@ class DDTreeWorker(DFlashWorkerV2):
     def forward_batch_generation(
         self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ):
-        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            return super().forward_batch_generation(
-                batch, on_publish, grammar_barrier, pp_proxy_tensors
+        if adapter.is_extend(batch):
+
+            def prefill():
+                return super(DDTreeWorker, self).forward_batch_generation(
+                    batch, on_publish, grammar_barrier, pp_proxy_tensors
+                )
+
+            if self.stage_timer is None:
+                return prefill()
+            return self.stage_timer.time_extend(
+                len(batch.seq_lens), adapter.extend_tokens(batch), prefill
             )
         if batch.spec_info is None:
             batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
