@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Time kernel branches against main's kernel in one device call (the device runs this checkout,
-# without git, so the branches' files travel as an untracked folder).
-#   bash e2e/h200_kernel_variants.sh prepare gdnprefetch gdnlevel   # here: alt/<branch>/ from git
+# Time kernel branches against the checked-out kernel in one device call (the device runs this
+# checkout, without git, so the branches' files travel as an untracked folder).
+#   bash e2e/h200_kernel_variants.sh prepare main gdnlevel   # here: alt/<branch>/ from git
 #   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_kernel_variants.sh run   # on the H200
-# `run` times main's kernel first (the files as checked out), then each alt/<branch>/ with its
+# `run` times the checked-out kernel first as variant `checkout`, then each alt/<branch>/ with its
 # files copied over the tracked ones, then restores them: `benchmarks/gdn_tree_recurrence.py
 # --sweep` per variant into $OUT/<variant>.md and .json (checks included: a wrong kernel fails its
 # run). FILES lists what a variant replaces; VARIANT_ARGS replaces the benchmark's arguments
@@ -23,6 +23,8 @@ prepare)
   shift
   [ $# -ge 1 ] || { echo "usage: $0 prepare BRANCH..."; exit 2; }
   for br in "$@"; do
+    # the checked-out files are variant `checkout`: an alt/checkout/ would overwrite its results
+    [ "$(basename "$br")" != checkout ] || { echo "a variant named checkout is the checked-out tree; prepare another branch name"; exit 2; }
     git rev-parse --verify -q "$br" >/dev/null || { echo "no branch $br"; exit 2; }
     for f in "${FILES[@]}"; do
       mkdir -p "alt/$br/$(dirname "$f")"
@@ -36,9 +38,9 @@ run)
   mkdir -p "$OUT" /tmp/kernel_variants_main
   for f in "${FILES[@]}"; do install -D "$f" "/tmp/kernel_variants_main/$f"; done
   rc=0
-  for variant in main alt/*/; do
+  for variant in checkout alt/*/; do
     name=$(basename "$variant")
-    if [ "$variant" != main ]; then
+    if [ "$variant" != checkout ]; then
       for f in "${FILES[@]}"; do cp "$variant/$f" "$f"; done
     fi
     timeout "${VARIANT_LIMIT_S:-200}" "${SGLANG_KIT_PYTHON:-python3}" benchmarks/gdn_tree_recurrence.py \
@@ -71,7 +73,7 @@ print(min(times, key=times.get))
 PY
 ) || exit 2
   echo "pick: fastest at bs $2, N $3: $best"
-  if [ "$best" != main ]; then
+  if [ "$best" != checkout ]; then
     for f in "${FILES[@]}"; do cp "alt/$best/$f" "$f"; done
   fi
   ;;

@@ -40,6 +40,19 @@ def test_prepare_copies_the_kernel_its_verify_entry_point_and_the_benchmark():
         shutil.rmtree(ROOT / "alt", ignore_errors=True)
 
 
+def test_prepare_refuses_a_variant_named_checkout():
+    """The checked-out tree is variant ``checkout``: a branch of that name would share its results."""
+    out = subprocess.run(
+        ["bash", "e2e/h200_kernel_variants.sh", "prepare", "checkout"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "is the checked-out tree" in out.stdout
+    assert not (ROOT / "alt" / "checkout").exists()
+
+
 def _pick(
     tmp_path: Path, times: dict[str, float | None]
 ) -> tuple[subprocess.CompletedProcess, Path]:
@@ -53,7 +66,7 @@ def _pick(
     out = tmp_path / "out"
     out.mkdir()
     for name, us in times.items():
-        base = tree if name == "main" else tree / "alt" / name
+        base = tree if name == "checkout" else tree / "alt" / name
         for f in FILES:
             (base / f).parent.mkdir(parents=True, exist_ok=True)
             (base / f).write_text(name)
@@ -73,21 +86,27 @@ def _pick(
 
 
 def test_pick_checks_out_the_fastest_variant_with_passing_checks(tmp_path):
-    proc, tree = _pick(tmp_path, {"main": 80.0, "walk": 70.0, "level": None})
+    proc, tree = _pick(tmp_path, {"checkout": 80.0, "walk": 70.0, "level": None})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fastest at bs 1, N 64: walk" in proc.stdout
     assert (tree / "sglang_spec/gdn/triton_tree_recurrence.py").read_text() == "walk"
     assert (tree / "benchmarks/gdn_tree_recurrence.py").read_text() == "walk"
 
 
-def test_pick_leaves_main_when_it_is_fastest(tmp_path):
-    proc, tree = _pick(tmp_path, {"main": 60.0, "walk": 70.0})
+def test_pick_leaves_the_checkout_when_it_is_fastest(tmp_path):
+    """Also when a variant is main's kernel (alt/main/): session 16 timed the checked-out
+    candidate against ``prepare main``, both were called main, the second run's results replaced
+    the first's, and pick could not tell them apart."""
+    proc, tree = _pick(tmp_path, {"checkout": 60.0, "main": 70.0})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fastest at bs 1, N 64: checkout" in proc.stdout
+    assert (tree / "sglang_spec/gdn/sglang_verify.py").read_text() == "checkout"
+    proc, tree = _pick(tmp_path / "2", {"checkout": 80.0, "main": 70.0})
     assert "fastest at bs 1, N 64: main" in proc.stdout
     assert (tree / "sglang_spec/gdn/sglang_verify.py").read_text() == "main"
 
 
 def test_pick_refuses_when_no_variant_timed_the_cell(tmp_path):
-    proc, _ = _pick(tmp_path, {"main": None, "walk": None})
+    proc, _ = _pick(tmp_path, {"checkout": None, "walk": None})
     assert proc.returncode == 2
     assert "no variant" in proc.stderr and "bs 1, N 64" in proc.stderr
