@@ -8,6 +8,7 @@ group can be checked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import io
 import os
@@ -46,6 +47,9 @@ FAKE_SERVER = textwrap.dedent(
         print("RuntimeError: boom: CUDA out of memory", file=sys.stderr, flush=True)
         child.kill()
         sys.exit(3)
+    if os.environ.get("FAKE_SIGINT") == "handle":  # outlives SIGINT (not ignored); SIGTERM kills
+        import signal
+        signal.signal(signal.SIGINT, lambda *a: None)
     if mode == "hang":
         time.sleep(120)
     time.sleep(float(os.environ.get("FAKE_DELAY", "0.5")))
@@ -510,6 +514,51 @@ def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
     assert out == ""  # the log is echoed with --follow only
     server, child = _pids(fake["pids"])
     assert _gone(server) and _gone(child)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize(
+    "mode,extra,rc,said",
+    [
+        (
+            "hang",
+            ["--timeout", "2"],
+            1,
+            "[serve] /health not ready after 2s; stopping the server\n",
+        ),
+        ("ok", ["--timeout", "30", "--then", "true"], 0, "[serve] --then exited with 0"),
+    ],
+)
+def test_run_stops_a_server_that_outlives_sigint_after_stop_timeout(
+    fake, monkeypatch, mode, extra, rc, said
+):
+    """--stop-timeout reaches both stops of run (after a health timeout; after --then, in its
+    finally): a server that handles SIGINT is sent SIGTERM --stop-timeout seconds after it, and
+    serve returns (no grace would wait for ever). In a child process: run() installs signal
+    handlers, which only the main thread may."""
+    monkeypatch.setenv("FAKE_MODE", mode)
+    monkeypatch.setenv("FAKE_SIGINT", "handle")
+    argv = [*fake["base"], *extra, "--stop-timeout", "1"]
+    code = "import sys; from sglang_spec.serving import launch; sys.exit(launch.main(sys.argv[1:]))"
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=40,
+        )
+        assert proc.returncode == rc and time.monotonic() - t0 < 35, proc.stderr
+        assert said in proc.stderr
+        assert "[serve] server still running after SIGINT; escalating\n" in proc.stderr
+        assert "server still running after SIGTERM" not in proc.stderr  # SIGTERM was enough
+        server, child = _pids(fake["pids"])
+        assert _gone(server) and _gone(child)
+    finally:
+        for pid in _pids(fake["pids"]) if fake["pids"].exists() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_waiting_shows_a_spinner_on_a_tty_and_follow_echoes_the_log(fake, monkeypatch, capsys):
