@@ -34,7 +34,13 @@ CONFIG = "qwen3-8b-dflash"
 
 FAKE_SERVER = textwrap.dedent(
     """
-    import http.server, os, subprocess, sys, time
+    import http.server, os, signal, subprocess, sys, time
+    # a server dies on SIGINT, also when the suite runs from a background job (`&`), whose children
+    # inherit SIGINT ignored; FAKE_SIGINT=handle: it outlives SIGINT (handled, not ignored)
+    if os.environ.get("FAKE_SIGINT") == "handle":
+        signal.signal(signal.SIGINT, lambda *a: None)
+    else:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     argv = sys.argv[1:]
     host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -47,9 +53,6 @@ FAKE_SERVER = textwrap.dedent(
         print("RuntimeError: boom: CUDA out of memory", file=sys.stderr, flush=True)
         child.kill()
         sys.exit(3)
-    if os.environ.get("FAKE_SIGINT") == "handle":  # outlives SIGINT (not ignored); SIGTERM kills
-        import signal
-        signal.signal(signal.SIGINT, lambda *a: None)
     if mode == "hang":
         time.sleep(120)
     time.sleep(float(os.environ.get("FAKE_DELAY", "0.5")))
