@@ -1544,6 +1544,35 @@ def test_stage_times_time_a_ddtree_prefill_as_one_extend_line(tmp_path, monkeypa
     assert list(records[2]["gpu_ms"]) == list(STAGES)
 
 
+def test_stage_times_keep_fractions_of_a_millisecond_and_skip_an_empty_step(tmp_path):
+    """Times are kept to 1e-4 ms (a 0.17 ms stage is not rounded away); a step that recorded no
+    stage (begun, then failed) writes no line and does not hold back the steps queued after it."""
+    from sglang_spec.plugin.stage_times import StageTimer
+
+    host = [0.0]
+    path = tmp_path / "stages.jsonl"
+    timer = StageTimer(str(path), new_event=_FakeEvent, clock=lambda: host[0])
+    _FakeEvent.synchronized, _FakeEvent.done_ms = 0, -1.0  # nothing finishes before the flush
+
+    def stage():
+        host[0] += 0.000123456  # s
+        _FakeEvent.gpu_ms += 0.17049
+
+    timer.begin_step(2, 4)
+    timer.wrap("verify", stage)()
+    timer.begin_step(1, 4)  # no stage ran; queued behind the running step
+    _FakeEvent.gpu_ms += 0.3333333
+    timer.begin_step(3, 4)
+    timer.wrap("verify", stage)()
+    assert path.read_text() == ""
+    timer.flush()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["bs"] for r in records] == [2, 3]
+    assert [r["host_ms"]["verify"] for r in records] == [0.1235, 0.1235]
+    assert [r["gpu_ms"]["verify"] for r in records] == [0.1705, 0.1705]
+    assert records[1]["gpu_between_ms"] == 0.3333
+
+
 @pytest.mark.usefixtures("loaded")
 def test_stage_times_never_wait_for_a_running_step(tmp_path):
     """Overlap scheduling launches step n + 1 before step n has finished on the device: beginning

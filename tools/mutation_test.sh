@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the algorithm core (sglang_spec/tree, gdn, reference), the launcher
-# (sglang_spec/serving) and the plugin's validation, budget by batch size, simulated acceptance and
-# verify input (plugin/config.py, budget.py, simulate.py, verify_input.py) with mutmut, on a CPU
+# (sglang_spec/serving) and the plugin's validation, budget by batch size, simulated acceptance,
+# verify input and stage timer (plugin/config.py, budget.py, simulate.py, verify_input.py,
+# stage_times.py) with mutmut, on a CPU
 # box -- not in CI (3-10 s a mutant on 2 shared
 # cores, about 3 hours for all of them). What is mutated and which tests run: [tool.mutmut] in
 # pyproject.toml; the kill rates and reviewed survivors: benchmarks/results/mutation.md.
