@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +111,60 @@ def test_pick_refuses_when_no_variant_timed_the_cell(tmp_path):
     proc, _ = _pick(tmp_path, {"checkout": None, "walk": None})
     assert proc.returncode == 2
     assert "no variant" in proc.stderr and "bs 1, N 64" in proc.stderr
+
+
+FAKE_BENCH = """
+import json, pathlib, sys
+files = [pathlib.Path(f).read_text() for f in {files!r}]
+assert len(set(files)) == 1, files  # the variant's three files travel together
+name = files[0]
+us = {times!r}[name]
+out = sys.argv[sys.argv.index("--json") + 1]
+rows = [dict(bs=1, N=64, fused_us=us, ok=True)]
+pathlib.Path(out).write_text(json.dumps(dict(variant=name, rows=rows)))
+print(f"| 1 | 64 | {{us}} |")
+"""
+
+
+def test_run_times_each_variant_on_its_own_files_and_pick_keeps_the_fastest(tmp_path):
+    """``run`` on the CPU with a stand-in benchmark: the checked-out files are timed as
+    ``checkout`` and each ``alt/<branch>/`` on its own files, one result file each, even when a
+    branch is called main (session 16: the checkout was also called main, the second run's
+    results replaced the first's); the tracked files are restored; ``pick`` then checks out the
+    fastest."""
+    import json
+
+    times = {"checkout": 87.3, "main": 75.2, "level": 90.0}
+    tree = tmp_path / "tree"
+    (tree / "e2e").mkdir(parents=True)
+    shutil.copy(ROOT / "e2e" / "h200_kernel_variants.sh", tree / "e2e")
+    for name in times:
+        base = tree if name == "checkout" else tree / "alt" / name
+        for f in FILES:
+            (base / f).parent.mkdir(parents=True, exist_ok=True)
+            (base / f).write_text(name)
+    bench = tmp_path / "fake_bench.py"
+    bench.write_text(FAKE_BENCH.format(files=FILES, times=times))
+    python = tmp_path / "python"  # the benchmark's interpreter; pick's inline script passes through
+    python.write_text(
+        f'#!/bin/sh\n[ "$1" = - ] && exec {sys.executable} "$@"\nshift\n'
+        f'exec {sys.executable} {bench} "$@"\n'
+    )
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = {"OUT": str(out), "PATH": "/usr/bin:/bin", "SGLANG_KIT_PYTHON": str(python)}
+    script = str(tree / "e2e" / "h200_kernel_variants.sh")
+    run = subprocess.run(
+        ["bash", script, "run"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name, us in times.items():
+        got = json.loads((out / f"{name}.json").read_text())
+        assert got["variant"] == name and got["rows"][0]["fused_us"] == us
+    assert {f.stem for f in out.glob("*.json")} == set(times)
+    assert all((tree / f).read_text() == "checkout" for f in FILES)  # restored
+    pick = subprocess.run(
+        ["bash", script, "pick", "1", "64"], cwd=tree, env=env, capture_output=True, text=True
+    )
+    assert pick.returncode == 0 and "fastest at bs 1, N 64: main" in pick.stdout, pick.stderr
+    assert all((tree / f).read_text() == "main" for f in FILES)
