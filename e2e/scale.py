@@ -16,7 +16,10 @@ levels: at each concurrency C, C requests of distinct random 512-token id prompt
 moment the level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps
 what finished; ``<out>/run.json`` says what ran, what was skipped and why (and an adaptive DDTREE
 server's budget switch lines); ``<out>/logs/`` holds the server logs. ``python -m e2e.scale_report
-RESULTS.json <out> ...`` merges runs and writes the tables and the plot.
+RESULTS.json <out> ...`` merges runs and writes the tables and the plot. ``--repeats R`` runs each
+level R times and keeps the median: at C = 1 a level is one request, whose prefill (134-171 ms on
+the 27B shape with prefill graphs off, session 16) moves its ms per step by a few percent from run
+to run, so compare algorithms at small C with ``--repeats 5``.
 
 A server is ``SHAPE:ALGORITHM[:OPTION...]``; shapes ``qwen3.6-27b``, ``qwen3.5-4b``, ``qwen3-8b``;
 algorithms ``ar``, ``nextn`` (hybrids: their MTP layer), ``dflash``, ``ddtree`` (needs
