@@ -30,6 +30,11 @@ from sglang_spec.serving import launch
 from sglang_spec.serving.configs import list_configs, load_config
 
 REPO = Path(__file__).resolve().parents[1]
+# the launcher's stop reads /proc/<pid>/status (does the server ignore SIGINT?), and so do these
+# tests' checks that a process is gone: Linux only (CI and the dev box are Linux)
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="reads /proc (Linux)"
+)
 CONFIG = "qwen3-8b-dflash"
 
 FAKE_SERVER = textwrap.dedent(
@@ -416,7 +421,7 @@ def test_ignores_signal_is_false_where_it_cannot_tell(monkeypatch):
     assert launch.ignores_signal(1, signal.SIGINT) is False
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@needs_proc
 def test_stop_escalates_from_sigint_to_sigterm_to_sigkill():
     """A server that outlives SIGINT and SIGTERM (handled, not ignored) is killed after ``grace``
     seconds each; each escalation is reported, and the server's exit status returned."""
@@ -519,7 +524,7 @@ def test_health_timeout_stops_the_server(fake, monkeypatch, capsys):
     assert _gone(server) and _gone(child)
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@needs_proc
 @pytest.mark.parametrize(
     "mode,extra,rc,said",
     [
@@ -653,7 +658,7 @@ def test_ctrl_c_stops_the_process_group(fake):
     assert _gone(server) and _gone(child)
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+@needs_proc
 def test_a_server_that_ignores_sigint_is_stopped_without_waiting_out_the_grace():
     """A server started from a background job of a non-interactive shell ignores SIGINT (and so
     do the fake servers of a suite run with `&`): the stop goes straight to SIGTERM instead of

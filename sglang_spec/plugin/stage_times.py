@@ -15,11 +15,13 @@ too, timed as one stage::
      "gpu_ms": {"extend": float}, "gpu_between_ms": float | null}
 
 (``bs`` new requests, ``tokens`` prompt tokens computed), so that the per-request cost a level's
-ms per step also carries (its prefill, the drafter's context) is measured beside the decode steps. Host time is ``perf_counter`` around
-each stage method (its launches, plus any host wait inside it). GPU time comes from a pair of CUDA
-events recorded on the current stream around each stage. ``gpu_between_ms`` is the GPU time from the
-end of the previous timed step or prefill to the start of this one: the scheduler's own work in
-between, and any time the GPU waited for the host (null for the first record). A step is written once its last event has completed, checked without waiting
+ms per step also carries (its prefill, the drafter's context) is measured beside the decode steps.
+
+Host time is ``perf_counter`` around each stage method (its launches, plus any host wait inside
+it). GPU time comes from a pair of CUDA events recorded on the current stream around each stage.
+``gpu_between_ms`` is the GPU time from the end of the previous timed step or prefill to the start
+of this one: the scheduler's own work in between, and any time the GPU waited for the host (null
+for the first record). A step is written once its last event has completed, checked without waiting
 (``Event.query``) when a later decode step begins, so timing adds no synchronisation, also under
 SGLang's overlap scheduler (which launches the next step before the previous one has finished);
 :meth:`StageTimer.flush` waits for and writes what is left. Steps still running when the server

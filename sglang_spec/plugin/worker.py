@@ -41,6 +41,7 @@ factory does so.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections import deque
@@ -286,12 +287,13 @@ class DDTreeWorker(DFlashWorkerV2):
         self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ):
         if adapter.is_extend(batch):
-
-            def prefill():
-                return super(DDTreeWorker, self).forward_batch_generation(
-                    batch, on_publish, grammar_barrier, pp_proxy_tensors
-                )
-
+            prefill = functools.partial(
+                super().forward_batch_generation,
+                batch,
+                on_publish,
+                grammar_barrier,
+                pp_proxy_tensors,
+            )
             if self.stage_timer is None:
                 return prefill()
             return self.stage_timer.time_extend(
