@@ -38,11 +38,23 @@ def first_divergence_gap(target, prompt_ids: torch.Tensor, ref: list[int], got: 
     return t, float(logits[ref[t]] - logits[got[t]])
 
 
+def run_prompts(path: str | None, num: int) -> list[str]:
+    """The prompts of an ``e2e/tiny_pair.py`` run, in its order: the first ``num`` of the JSONL it
+    was given (``path``), or of the held-out set."""
+    if path is None:
+        return tiny_pair.heldout_prompts(num, spread=False)
+    return [json.loads(ln)["prompt"] for ln in open(path) if ln.strip()][:num]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("e2e_json")
     ap.add_argument("--pair", choices=sorted(tiny_pair.PAIRS), default="hybrid")
     ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument(
+        "--prompts",
+        help="the JSONL the run was given (e.g. e2e/h200_tau.sh's); default: the held-out set",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument(
         "--tree-temperature",
@@ -53,9 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok, target, drafter = tiny_pair.load_pair(args.pair)
-    prompts = tiny_pair.heldout_prompts(
-        args.num_prompts, spread=False
-    )  # the order e2e/tiny_pair.py used
+    prompts = run_prompts(args.prompts, args.num_prompts)
     print(
         "| server | SGLang tokens/step | reference tokens/step | token ids equal | "
         "verify steps on the equal prompts: SGLang / reference |"

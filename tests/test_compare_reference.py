@@ -7,7 +7,8 @@ import types
 
 import torch
 
-from e2e.compare_reference import first_divergence_gap
+from e2e.compare_reference import first_divergence_gap, run_prompts
+from sglang_spec.reference import tiny_pair
 
 
 def _target(ids: torch.Tensor):
@@ -25,3 +26,13 @@ def test_gap_at_the_first_difference_given_the_common_prefix():
     assert t == 2
     assert abs(gap - 0.05 * (5 - 3)) < 1e-6
     assert first_divergence_gap(_target, prompt, ref, list(ref)) is None
+
+
+def test_run_prompts_follow_the_file_the_run_was_given(tmp_path):
+    """e2e/h200_tau.sh's runs take a tagged file of both sets: judging them against the held-out
+    set would compare other prompts' decodes."""
+    f = tmp_path / "prompts.jsonl"
+    f.write_text('{"set": "othercode", "prompt": "def a():"}\n\n{"set": "x", "prompt": "b ="}\n')
+    assert run_prompts(str(f), 5) == ["def a():", "b ="]
+    assert run_prompts(str(f), 1) == ["def a():"]
+    assert run_prompts(None, 3) == tiny_pair.heldout_prompts(3, spread=False)

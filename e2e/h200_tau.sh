@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Tokens per verify step of DFLASH and DDTREE(63) on real SGLang, both tiny pairs, the held-out
+# prompts and another code base's (issue 15 item 4), in one device call:
+#   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_tau.sh
+# One prompt file holds NUM_PROMPTS (16) of each set, tagged (python -m e2e.tau_report
+# --write-prompts), so each pair needs one server per algorithm: python -m e2e.tiny_pair with AR,
+# DFLASH and DDTREE(63), CUDA graphs, the patch series applied (the hybrid's DDTREE also with the GDN
+# tree ReplaySSM), greedy requests only, per pair in PAIRS (default "hybrid qwen3") into
+# $OUT/<pair>/e2e.json; then python -m e2e.tau_report over the runs ($OUT/tau.json). Judge a greedy
+# difference from AR on the CPU: python -m e2e.compare_reference $OUT/<pair>/e2e.json --pair <pair>
+# --prompts $OUT/prompts.jsonl --num-prompts 32.
+set -uo pipefail
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+F=$PWD/sglang_spec/fixtures/tiny-pair
+PY=${SGLANG_KIT_PYTHON:?source .gpu-kit/setup.sh first}
+export PYTHONUNBUFFERED=1
+bash e2e/compile_cache.sh restore
+"$PY" -m e2e.tau_report --write-prompts "$OUT/prompts.jsonl" --num-prompts "${NUM_PROMPTS:-16}" || exit 1
+n=$(grep -c . "$OUT/prompts.jsonl")
+rc=0
+runs=()
+for pair in ${PAIRS:-hybrid qwen3}; do
+  tree=ddtree63+graphs+patched
+  [ "$pair" = hybrid ] && tree=$tree+replayssm
+  timeout "${PAIR_LIMIT_S:-270}" "$PY" -m e2e.tiny_pair --out "$OUT/$pair" --target "$F/$pair" \
+    --drafter "$F/$pair-dflash" --prompts "$OUT/prompts.jsonl" --num-prompts "$n" --samples 0 \
+    --graph-bs 16 --servers "ar+graphs,dflash+graphs,$tree" >"$OUT/$pair.log" 2>&1
+  status=$?
+  echo "$pair rc $status" | tee -a "$OUT/$pair.log"
+  [ $status -eq 0 ] || rc=1
+  tail -n 6 "$OUT/$pair.log"
+  runs+=("$pair=$OUT/$pair/e2e.json")
+done
+"$PY" -m e2e.tau_report "${runs[@]}" --prompts "$OUT/prompts.jsonl" --json "$OUT/tau.json" || rc=1
+exit $rc
