@@ -3,12 +3,13 @@
 # prompts and another code base's (issue 15 item 4), in one device call:
 #   source .gpu-kit/setup.sh && OUT=$OUT bash e2e/h200_tau.sh
 # One prompt file holds NUM_PROMPTS (16) of each set, tagged (python -m e2e.tau_report
-# --write-prompts), so each pair needs one server per algorithm: python -m e2e.tiny_pair with AR,
-# DFLASH and DDTREE(63), CUDA graphs, the patch series applied (the hybrid's DDTREE also with the GDN
-# tree ReplaySSM), greedy requests only, per pair in PAIRS (default "hybrid qwen3") into
-# $OUT/<pair>/e2e.json; then python -m e2e.tau_report over the runs ($OUT/tau.json). Judge a greedy
-# difference from AR on the CPU: python -m e2e.compare_reference $OUT/<pair>/e2e.json --pair <pair>
-# --prompts $OUT/prompts.jsonl --num-prompts 32.
+# --write-prompts), so each pair needs one server per algorithm: python -m e2e.tiny_pair with
+# DFLASH, DDTREE(63) and AR, CUDA graphs, the patch series applied (the hybrid's DDTREE also with
+# the GDN tree ReplaySSM), greedy requests only, per pair in PAIRS (default "hybrid qwen3") into
+# $OUT/<pair>/e2e.json. AR comes last: a pair out of its PAIR_LIMIT_S (250 s) loses its greedy
+# check, not its tau. Then python -m e2e.tau_report over the runs ($OUT/tau.json). Judge a
+# greedy difference from AR on the CPU: python -m e2e.compare_reference $OUT/<pair>/e2e.json
+# --pair <pair> --prompts $OUT/prompts.jsonl --num-prompts 32.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -23,9 +24,9 @@ runs=()
 for pair in ${PAIRS:-hybrid qwen3}; do
   tree=ddtree63+graphs+patched
   [ "$pair" = hybrid ] && tree=$tree+replayssm
-  timeout "${PAIR_LIMIT_S:-270}" "$PY" -m e2e.tiny_pair --out "$OUT/$pair" --target "$F/$pair" \
+  timeout "${PAIR_LIMIT_S:-250}" "$PY" -m e2e.tiny_pair --out "$OUT/$pair" --target "$F/$pair" \
     --drafter "$F/$pair-dflash" --prompts "$OUT/prompts.jsonl" --num-prompts "$n" --samples 0 \
-    --graph-bs 16 --servers "ar+graphs,dflash+graphs,$tree" >"$OUT/$pair.log" 2>&1
+    --graph-bs 16 --servers "dflash+graphs,$tree,ar+graphs" >"$OUT/$pair.log" 2>&1
   status=$?
   echo "$pair rc $status" | tee -a "$OUT/$pair.log"
   [ $status -eq 0 ] || rc=1

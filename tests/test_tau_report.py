@@ -145,8 +145,8 @@ def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
     assert [a[a.index("--target") + 1].rsplit("/", 1)[1] for a in argvs] == ["hybrid", "qwen3"]
     servers = [a[a.index("--servers") + 1] for a in argvs]
     assert servers == [
-        "ar+graphs,dflash+graphs,ddtree63+graphs+patched+replayssm",
-        "ar+graphs,dflash+graphs,ddtree63+graphs+patched",
+        "dflash+graphs,ddtree63+graphs+patched+replayssm,ar+graphs",
+        "dflash+graphs,ddtree63+graphs+patched,ar+graphs",
     ]
     for a in argvs:
         assert a[a.index("--prompts") + 1] == str(out / "prompts.jsonl")
