@@ -17,6 +17,7 @@ if [ "$1" = "-c" ]; then exec python3 "$@"; fi
 echo "$*" >> "$STUB_CALLS"
 out=$(python3 -c 'import sys; a = sys.argv; print(a[a.index("--out") + 1])' "$@")
 mkdir -p "$out" && cp "$STUB_E2E" "$out/e2e.json"
+exit "${STUB_RC:-0}"
 """
 STATES = (
     "[x] DDTREE budget by batch size: target verify states for budgets (CUDA-graph batch "
@@ -74,3 +75,12 @@ def test_adaptive_part_needs_the_verify_states_line(tmp_path, logged):
     argv = calls[0].split()
     assert "speculative-adaptive" in argv and "--baseline" not in argv  # no fixed part here
     assert argv[argv.index("--servers") + 1] == "ddtree63+graphs+patched+replayssm"
+
+
+def test_a_fixed_part_cut_by_its_timeout_fails_the_script(tmp_path):
+    """Session 17's fixed part hit its timeout after its sweeps (rc 124) and the script still
+    exited 0."""
+    rc, _ = run(tmp_path, [], PARTS="fixed", STUB_RC="124")
+    assert rc == 1
+    rc, _ = run(tmp_path, [], PARTS="fixed")
+    assert rc == 0
