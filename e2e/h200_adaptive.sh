@@ -20,7 +20,7 @@
 # exact float32 law (offline, on the CPU). PROMPTS=$F/othercode_prompts.jsonl runs on click's code, which the pair never saw (issue 15 item 4).
 # The DDTREE servers run as a hybrid deployment would: MODS (default +graphs+patched+replayssm: CUDA
 # graphs, the patch series applied, the GDN tree ReplaySSM). Both parts together took more than one
-# 10-minute call in session 7, hence PARTS.
+# 10-minute call in session 7, hence PARTS. Exits 1 when either part fails (a timeout included).
 set -uo pipefail
 OUT=${OUT:-/tmp/h200_adaptive}
 mkdir -p "$OUT"
