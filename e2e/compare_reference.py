@@ -18,6 +18,7 @@ import re
 
 import torch
 
+from e2e.tiny_pair import load_prompts
 from sglang_spec.reference import generate, tiny_pair
 from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE
 
@@ -43,7 +44,7 @@ def run_prompts(path: str | None, num: int) -> list[str]:
     was given (``path``), or of the held-out set."""
     if path is None:
         return tiny_pair.heldout_prompts(num, spread=False)
-    return [json.loads(ln)["prompt"] for ln in open(path) if ln.strip()][:num]
+    return load_prompts(path, num)
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ from collections import Counter
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from e2e.tiny_pair import load_prompts
+
 
 def sample_logprob(model, prompt_ids: list[int], out_ids: list[int], temperature: float) -> float:
     ids = torch.tensor([prompt_ids + out_ids])
@@ -103,9 +105,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.target)
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][
-        : args.num_prompts
-    ]
+    prompts = load_prompts(args.prompts, args.num_prompts)
     prompt_ids = [tok(p).input_ids for p in prompts]
     scores = {}
     for server in json.load(open(args.e2e_json)):

@@ -396,9 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m e2e.tiny_pair: {e}", file=sys.stderr)
         return 2
     if args.prompts:
-        prompts = [json.loads(ln)["prompt"] for ln in open(args.prompts) if ln.strip()][
-            : args.num_prompts
-        ]
+        prompts = load_prompts(args.prompts, args.num_prompts)
     else:
         prompts = DEFAULT_PROMPTS[: args.num_prompts]
     results = []
@@ -430,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             check=False,
         )
     return 0 if all(r["ok"] and r.get("slots", {}).get("ok", True) for r in results) else 1
+
+
+def load_prompts(path: str, num: int) -> list[str]:
+    """The first ``num`` prompts of a JSONL with a ``prompt`` field, in file order: what a run given
+    ``--prompts path --num-prompts num`` sends, and so what its judges on the CPU must decode."""
+    return [json.loads(ln)["prompt"] for ln in open(path) if ln.strip()][:num]
 
 
 def load_baseline(path: str) -> dict:
