@@ -51,7 +51,7 @@ kernel but the GDN tree kernel (whose work grows with node depth), does not depe
 a chain is the costly end of the shapes a budget can take.
 
 Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
-slowest start seen so far in this call, else ``--start-estimate``) and a first level fit; a level
+latest start of its shape seen in this call, else ``--start-estimate``) and a first level fit; a level
 runs only if its estimate (the previous level's wall time x C / previous C) fits; the rest is listed
 as skipped. ``--resume FILE`` skips the levels FILE already has, so calls of a few servers each add
 up to one result set. A level that would need more than ``--max-waves`` rounds of requests because
@@ -397,6 +397,18 @@ def flush(url: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ the run
+def expected_start(seen: dict[str, float], shape: str, default: float) -> tuple[float, str]:
+    """How long the next server of ``shape`` will take to start, and where that figure comes from.
+
+    The latest start of the same shape in this call, not the slowest: a fresh device machine's first
+    server compiles the JIT and Triton kernels that later starts find cached (session 18: DDTREE's
+    cold 27B start took 159 s, and DFLASH, which would have started in about 60 s, was skipped
+    with 165 s left). Another shape's start says nothing about this one's weights."""
+    if shape in seen:
+        return seen[shape], f"the latest {shape} start seen"
+    return default, "--start-estimate"
+
+
 class Run:
     """One call: the servers in order under one wall-clock budget, results written as they come."""
 
@@ -408,7 +420,7 @@ class Run:
         self.results = self.out / "scale.json"
         self.done = {records.key(r) for f in args.resume or [] for r in records.load(f)}
         self.done |= {records.key(r) for r in records.load(self.results)}
-        self.starts: list[float] = []  # the server starts seen in this call, s
+        self.starts: dict[str, float] = {}  # shape -> its latest server start in this call, s
         self.log: dict = {
             "started": _dt.datetime.now().isoformat(timespec="seconds"),
             "time_budget_s": args.time_budget,
@@ -469,10 +481,9 @@ class Run:
             entry["status"] = "done earlier"
             return True
         reserve = args.reserve
-        start = max(self.starts) if self.starts else args.start_estimate
+        start, source = expected_start(self.starts, spec.shape.name, args.start_estimate)
         need = start + args.first_level_estimate + reserve
         if self.remaining() < need:
-            source = "the slowest start seen" if self.starts else "--start-estimate"
             entry["status"] = (
                 f"skipped: {self.remaining():.0f} s left of the time budget; a start ({start:.0f} s,"
                 f" {source}), a first level and the reserve need {need:.0f}"
@@ -501,7 +512,7 @@ class Run:
         print(f"[scale] === {spec.label}: {entry['command']}", flush=True)
         try:
             with srv:
-                self.starts.append(srv.start_s)
+                self.starts[spec.shape.name] = srv.start_s
                 info = kit.parse_server_log(srv.log_text())
                 entry.update(status="running", start_s=srv.start_s, **info)
                 print(

@@ -706,7 +706,7 @@ def test_a_sharp_tree_temperature_lets_a_small_budget_carry_a_stated_tau_on_flat
 
 
 def test_a_seen_start_replaces_the_start_estimate(tmp_path, monkeypatch):
-    """Once a server has started, the next one is judged by the slowest start seen in this call,
+    """Once a server has started, the next one of its shape is judged by that start in this call,
     not by --start-estimate (session 13 skipped a 27B server that fitted: 168 s left, 76 s
     starts, a 150 s estimate). The first server's levels take about 4 s (100 ms steps), so the
     second would not fit the 34 s budget under a 30 s estimate."""
@@ -729,3 +729,14 @@ def test_the_skip_says_which_start_it_assumed(tmp_path, monkeypatch):
         tmp_path, monkeypatch, ["qwen3-8b:ar"], "--time-budget", "30", "--start-estimate", "40"
     )
     assert "a start (40 s, --start-estimate)" in log["servers"][0]["status"]
+
+
+def test_start_estimate_is_the_latest_start_of_the_same_shape():
+    # a fresh machine's first start compiles the kernels the next one finds cached (session 18)
+    seen = {"qwen3.6-27b": 61.6}
+    assert scale.expected_start(seen, "qwen3.6-27b", 100.0) == (
+        61.6,
+        "the latest qwen3.6-27b start seen",
+    )
+    assert scale.expected_start(seen, "qwen3-8b", 100.0) == (100.0, "--start-estimate")
+    assert scale.expected_start({}, "qwen3.6-27b", 100.0)[0] == 100.0
