@@ -9,7 +9,9 @@
 # $OUT/<pair>/e2e.json. AR comes last: a pair out of its PAIR_LIMIT_S (250 s) loses its greedy
 # check, not its tau. Then python -m e2e.tau_report over the runs ($OUT/tau.json). Judge a
 # greedy difference from AR on the CPU: python -m e2e.compare_reference $OUT/<pair>/e2e.json
-# --pair <pair> --prompts $OUT/prompts.jsonl --num-prompts 32.
+# --pair <pair> --prompts $OUT/prompts.jsonl --num-prompts 32. The compile caches are saved to
+# $OUT/compile-cache.tar.xz for the next call (e2e/compile_cache.sh): session 18's cold machine
+# took 141 s to start the hybrid pair's first server, and both pairs ran out of their 255 s.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -34,4 +36,5 @@ for pair in ${PAIRS:-hybrid qwen3}; do
   runs+=("$pair=$OUT/$pair/e2e.json")
 done
 "$PY" -m e2e.tau_report "${runs[@]}" --prompts "$OUT/prompts.jsonl" --json "$OUT/tau.json" || rc=1
+bash e2e/compile_cache.sh save "$OUT"
 exit $rc
