@@ -50,12 +50,12 @@ first, as a trained drafter's peaked distribution would. The verify width, and s
 kernel but the GDN tree kernel (whose work grows with node depth), does not depend on the shape:
 a chain is the costly end of the shapes a budget can take.
 
-Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the
-latest start of its shape seen in this call, else ``--start-estimate``) and a first level fit; a level
-runs only if its estimate (the previous level's wall time x C / previous C) fits; the rest is listed
-as skipped. ``--resume FILE`` skips the levels FILE already has, so calls of a few servers each add
-up to one result set. A level that would need more than ``--max-waves`` rounds of requests because
-the server caps its running requests (the GDN state memory) is skipped as well.
+Time: ``--time-budget`` seconds for the whole command. A server starts only if its start (the latest
+start of its shape seen in this call, else ``--start-estimate``) and a first level fit; a level runs
+only if its estimate (the previous level's wall time x C / previous C) fits; the rest is listed as
+skipped. ``--resume FILE`` skips the levels FILE already has, so calls of a few servers each add up
+to one result set. A level that would need more than ``--max-waves`` rounds of requests because the
+server caps its running requests (the GDN state memory) is skipped as well.
 """
 
 from __future__ import annotations
