@@ -12,6 +12,9 @@
 # --pair <pair> --prompts $OUT/prompts.jsonl --num-prompts 32. The compile caches are saved to
 # $OUT/compile-cache.tar.xz for the next call (e2e/compile_cache.sh): session 18's cold machine
 # took 141 s to start the hybrid pair's first server, and both pairs ran out of their 255 s.
+# MAX_NEW_TOKENS (64) sets the greedy requests' length: at 64 a prompt's tau is 64 / steps, and
+# near tau 9 one step more or less moves it by 12-14 %. SKIP_AR=1 leaves the AR server out (judge
+# the greedy outputs against the reference engine on the CPU instead).
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -26,9 +29,12 @@ runs=()
 for pair in ${PAIRS:-hybrid qwen3}; do
   tree=ddtree63+graphs+patched
   [ "$pair" = hybrid ] && tree=$tree+replayssm
+  servers=dflash+graphs,$tree
+  [ -n "${SKIP_AR:-}" ] || servers=$servers,ar+graphs
   timeout "${PAIR_LIMIT_S:-250}" "$PY" -m e2e.tiny_pair --out "$OUT/$pair" --target "$F/$pair" \
     --drafter "$F/$pair-dflash" --prompts "$OUT/prompts.jsonl" --num-prompts "$n" --samples 0 \
-    --graph-bs 16 --servers "dflash+graphs,$tree,ar+graphs" >"$OUT/$pair.log" 2>&1
+    --graph-bs 16 --max-new-tokens "${MAX_NEW_TOKENS:-64}" \
+    --servers "$servers" >"$OUT/$pair.log" 2>&1
   status=$?
   echo "$pair rc $status" | tee -a "$OUT/$pair.log"
   [ $status -eq 0 ] || rc=1

@@ -152,6 +152,7 @@ def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
         assert a[a.index("--prompts") + 1] == str(out / "prompts.jsonl")
         assert a[a.index("--num-prompts") + 1] == str(2 * n)
         assert a[a.index("--samples") + 1] == "0"
+        assert a[a.index("--max-new-tokens") + 1] == "64"
     assert [
         json.loads(ln)["set"] for ln in (out / "prompts.jsonl").read_text().splitlines()
     ] == sets
@@ -168,3 +169,35 @@ def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
         ["bash", "e2e/h200_tau.sh"], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 1 and "failed; rerun them" in proc.stderr
+
+
+def test_device_script_takes_the_request_length_and_can_leave_ar_out(tmp_path):
+    """Session 19 measured the hybrid pair's tau at 256 tokens without AR (the reference engine
+    judged the outputs): MAX_NEW_TOKENS reaches the greedy requests, SKIP_AR drops the AR server."""
+    stub = tmp_path / "python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    n = 1
+    run = [_server(s["label"], [(256, 20)] * 2 * n) for s in RUN[1:]]
+    (tmp_path / "e2e.json").write_text(json.dumps(run))
+    calls, out = tmp_path / "calls", tmp_path / "out"
+    env = {
+        **os.environ,
+        "SGLANG_KIT_PYTHON": str(stub),
+        "REAL_PY": sys.executable,
+        "STUB_CALLS": str(calls),
+        "STUB_E2E": str(tmp_path / "e2e.json"),
+        "OUT": str(out),
+        "NUM_PROMPTS": str(n),
+        "PYTHONPATH": str(REPO),
+        "PAIRS": "hybrid",
+        "MAX_NEW_TOKENS": "256",
+        "SKIP_AR": "1",
+    }
+    proc = subprocess.run(
+        ["bash", "e2e/h200_tau.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (argv,) = [c.split() for c in calls.read_text().splitlines()]
+    assert argv[argv.index("--servers") + 1] == "dflash+graphs,ddtree63+graphs+patched+replayssm"
+    assert argv[argv.index("--max-new-tokens") + 1] == "256"
