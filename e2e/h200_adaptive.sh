@@ -10,7 +10,10 @@
 #            (--baseline); exits 1 unless the server's log shows the per-width verify states it built
 #            ("DDTREE budget by batch size: target verify states ...").
 # SWEEP_REQUESTS=R: requests per concurrency unit of each level (default 4; session 11's levels of 8
-# requests at C = 1 and 2 were too short to tell budgets apart within 5 %). ADAPTIVE_CONFIG=FILE
+# requests at C = 1 and 2 were too short to tell budgets apart within 5 %). SWEEP_PASSES=P sweeps
+# the SWEEP list P times over (1,2,..,1,2,..): the report and e2e.sweep_costs take each level's
+# median and the report shows the spread (session 19: one pass a level moved the same servers by
+# up to 1.8x between sessions). ADAPTIVE_CONFIG=FILE
 # replaces the switching exercise with a measured table: between the two calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
 # (give the device OUT=$OUT itself: it returns files at most 2 folders down, so fixed/sweeps/ comes back).
@@ -28,9 +31,13 @@ F=$PWD/sglang_spec/fixtures/tiny-pair
 export PYTHONUNBUFFERED=1
 MODS=${MODS-+graphs+patched+replayssm}
 PARTS=${PARTS:-fixed adaptive}
+passes=${SWEEP_PASSES:-1}
+[[ $passes =~ ^[1-9][0-9]*$ ]] || { echo "SWEEP_PASSES=$passes: give a whole number >= 1" >&2; exit 2; }
+levels=${SWEEP:-1,2,4,8,16}
+for ((p = 1; p < passes; p++)); do levels=$levels,${SWEEP:-1,2,4,8,16}; done
 common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
   --num-prompts "${NUM_PROMPTS:-6}"
-  --graph-bs "${GRAPH_BS:-16}" --sweep "${SWEEP:-1,2,4,8,16}" --sweep-requests "${SWEEP_REQUESTS:-4}")
+  --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
   dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)

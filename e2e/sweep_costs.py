@@ -7,7 +7,9 @@ step at that budget and concurrency::
 
     ms per step = 1000 x C x accept length / output tokens per second
 
-(prefill and scheduling included: what a step costs while serving C streams). Files of servers
+(prefill and scheduling included: what a step costs while serving C streams). A concurrency swept
+more than once (``--sweep 1,2,1,2``, as ``loadtests.compare`` reads repeats) costs the median of its
+levels. Files of servers
 other than DDTREE are skipped; two files for one budget, or a level without an accept length, a
 successful request or a throughput, are refused with one line. Prints the table and writes it in
 ``docs/adaptive-budget.md``'s format (``--write-config``).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 from benchmarks.adaptive_budget import cost_table
@@ -40,7 +43,7 @@ def level_costs(path: str) -> tuple[int, dict[int, float]] | None:
     algorithm, budget, _mods = parse_server(labels.pop())
     if algorithm != "ddtree":
         return None
-    costs = {}
+    repeats: dict[int, list[float]] = {}
     for r in levels:
         c, acc, tps = r["max_concurrency"], r.get("accept_length"), r.get("output_throughput")
         if r.get("interrupted") or not r.get("completed") or not acc or not tps:
@@ -48,8 +51,8 @@ def level_costs(path: str) -> tuple[int, dict[int, float]] | None:
                 f"{path}: level C={c} has completed={r.get('completed')}, accept_length={acc}, "
                 f"output_throughput={tps}; valid: a finished level with all three"
             )
-        costs[int(c)] = 1000.0 * c * acc / tps
-    return budget, costs
+        repeats.setdefault(int(c), []).append(1000.0 * c * acc / tps)
+    return budget, {c: statistics.median(ms) for c, ms in repeats.items()}
 
 
 def sweep_cost_table(paths: list[str]) -> dict[str, dict[str, float]]:

@@ -15,7 +15,9 @@ its last path component, so ``Qwen/Qwen3-8B`` and ``/models/Qwen3-8B`` are one m
 each server was given. Baselines per model: AR = the run whose algorithm is AR; chain baseline =
 NEXTN, else EAGLE3/EAGLE (Qwen3-8B has no NEXTN head); ``--ar``/``--nextn`` pick labels
 explicitly. A model without an AR run gets a warning (and no speed-ups over AR). Repeated records
-for the same model, label and concurrency are combined by their median. Levels that were
+for the same model, label and concurrency (a sweep over ``1,2,1,2``, or several files) are combined
+by their median, and the report adds how far they spread (highest / lowest output throughput), so a
+difference between runs can be read against it. Levels that were
 interrupted are marked ``*``. Runs served by the CPU demo server (``sglang-spec cpu-server``) are
 marked: their latencies are not an engine's.
 """
@@ -106,6 +108,8 @@ class Run:
             for m in METRICS:
                 vals = [r[m] for r in rs if isinstance(r.get(m), (int, float))]
                 agg[m] = statistics.median(vals) if vals else None
+            tps = [r["output_throughput"] for r in rs if r.get("output_throughput")]
+            agg["throughput_spread"] = max(tps) / min(tps) if len(tps) > 1 else None
             self.levels[c] = agg
 
     def get(self, c: int, metric: str):
@@ -238,6 +242,12 @@ def _name(run: Run) -> str:
     return f"{run.label} †" if run.timing else run.label
 
 
+def _spread_cell(run: Run, c: int) -> str:
+    """``1.23× (3)``: how far a concurrency's repeated levels differ, and how many there were."""
+    spread = run.get(c, "throughput_spread")
+    return "–" if spread is None else f"{spread:.2f}× ({run.get(c, 'n_records')})"
+
+
 def _table(runs: dict[str, Run], cs: list[int], cell) -> list[str]:
     lines = ["| run | " + " | ".join(f"C={c}" for c in cs) + " |", "|---|" + "---:|" * len(cs)]
     for run in runs.values():
@@ -323,6 +333,13 @@ def _model_section(
         )
     md += ["", "### Output throughput (tok/s)", ""]
     md += _table(runs, cs, lambda run, c: _fmt(run.get(c, "output_throughput")))
+    if any(run.get(c, "throughput_spread") for run in runs.values() for c in cs):
+        md += [
+            "",
+            "### Spread of repeated levels: highest / lowest output throughput (levels)",
+            "",
+        ]
+        md += _table(runs, cs, _spread_cell)
     md += ["", "### Per-request tok/s (median)", ""]
     md += _table(runs, cs, lambda run, c: _fmt(run.get(c, "median_per_request_output_throughput")))
     if ar_label is not None:

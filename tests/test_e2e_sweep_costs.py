@@ -37,6 +37,19 @@ def test_levels_become_ms_per_step_and_a_config_the_server_loads(tmp_path, capsy
     assert "| 8 | - | 30.0 |" in capsys.readouterr().out
 
 
+def test_a_concurrency_swept_several_times_costs_the_median_of_its_levels(tmp_path):
+    """Session 19: one pass a level moved the same server by up to 1.8x between sessions, so
+    h200_adaptive.sh repeats the levels; the cost is their median, not the last one."""
+    path = _sweep(
+        tmp_path / "s.jsonl",
+        "ddtree15",
+        [(1, 5.0, 500.0), (2, 5.0, 1000.0), (1, 5.0, 250.0), (1, 5.0, 1000.0), (2, 5.0, 500.0)],
+    )
+    budget, costs = sweep_costs.level_costs(path)
+    assert budget == 15
+    assert costs == {1: 10.0, 2: 15.0}  # C = 1: median of 10, 20, 5; C = 2: of 10 and 20
+
+
 def test_a_real_sweep_file_of_session_11():
     """The adaptive server's own sweep (label ddtree63+...) read as a DDTREE(63) sweep."""
     budget, costs = sweep_costs.level_costs(str(SESSION11 / "sweep_adaptive.jsonl"))

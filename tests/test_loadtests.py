@@ -499,6 +499,31 @@ def test_compare_groups_by_target_model_and_warns_without_baseline(tmp_path, cap
     ]  # no empty plot: neither model has a NEXTN run, Tiny has no AR run
 
 
+def test_compare_takes_the_median_of_repeated_levels_and_shows_their_spread(tmp_path):
+    """A sweep over 1,2,1,2,1 (session 19: one pass a level is noisier than issue 15's 5 %)."""
+    runs = _write_levels(
+        tmp_path / "runs.jsonl",
+        [
+            _level("AR", "AR", "Tiny", 1, 100.0),
+            _level("DDTREE-b64", "DDTREE", "Tiny", 1, 300.0, 5.0),
+            _level("DDTREE-b64", "DDTREE", "Tiny", 2, 400.0, 5.0),
+            _level("DDTREE-b64", "DDTREE", "Tiny", 1, 200.0, 5.0),
+            _level("DDTREE-b64", "DDTREE", "Tiny", 2, 500.0, 5.0),
+            _level("DDTREE-b64", "DDTREE", "Tiny", 1, 250.0, 5.0),
+        ],
+    )
+    out = tmp_path / "report"
+    assert compare.main([runs, "-o", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "| DDTREE-b64 | 250.0 | 450.0 |" in md  # medians of 300/200/250 and 400/500
+    assert "| DDTREE-b64 | 2.50× | – |" in md  # speed-up over AR at C = 1 from the median
+    spread = md.split("### Spread of repeated levels")[1].split("###")[0]
+    assert "| AR | – | – |" in spread and "| DDTREE-b64 | 1.50× (3) | 1.25× (2) |" in spread
+    one_pass = _write_levels(tmp_path / "one.jsonl", [_level("AR", "AR", "Tiny", 1, 100.0)])
+    assert compare.main([one_pass, "-o", str(tmp_path / "r1")]) == 0
+    assert "Spread of repeated levels" not in (tmp_path / "r1" / "report.md").read_text()
+
+
 def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch):
     import matplotlib.figure
 
