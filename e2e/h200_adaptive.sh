@@ -13,7 +13,10 @@
 # requests at C = 1 and 2 were too short to tell budgets apart within 5 %). SWEEP_PASSES=P sweeps
 # the SWEEP list P times over (1,2,..,1,2,..): the report and e2e.sweep_costs take each level's
 # median and the report shows the spread (session 19: one pass a level moved the same servers by
-# up to 1.8x between sessions). ADAPTIVE_CONFIG=FILE
+# up to 1.8x between sessions). SWEEP_TOKENS=T: output tokens per sweep request (default 128; the
+# tiny pair's prefill, 33-90 ms, costs about ten 3.5 ms decode steps, and a speculative server
+# finishes a 128-token request in about 20 steps, so its levels from C = 4 are prefill-bound).
+# ADAPTIVE_CONFIG=FILE
 # replaces the switching exercise with a measured table: between the two calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
 # (give the device OUT=$OUT itself: it returns files at most 2 folders down, so fixed/sweeps/ comes back).
@@ -37,7 +40,8 @@ levels=${SWEEP:-1,2,4,8,16}
 for ((p = 1; p < passes; p++)); do levels=$levels,${SWEEP:-1,2,4,8,16}; done
 common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
   --num-prompts "${NUM_PROMPTS:-6}"
-  --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}")
+  --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}"
+  --sweep-tokens "${SWEEP_TOKENS:-128}")
 rc=0
 if [[ " $PARTS " == *" fixed "* ]]; then
   dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)

@@ -217,7 +217,7 @@ def exercise(res, srv, prompts, args, label):
                 "--min-requests",
                 str(2 * args.sweep_requests),
                 "--max-new-tokens",
-                "128",
+                str(args.sweep_tokens),
                 "--ignore-eos",
                 "--label",
                 label,
@@ -333,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         "4: short levels, noisy at C <= 2)",
     )
     ap.add_argument(
+        "--sweep-tokens",
+        type=int,
+        default=128,
+        metavar="T",
+        help="output tokens per sweep request (default 128; on the tiny pair a prefill costs about "
+        "ten decode steps, so short requests make a speculative server's sweep prefill-bound)",
+    )
+    ap.add_argument(
         "--baseline",
         help="e2e.json of an earlier run whose AR server's greedy texts serve as "
         "reference when this run has no AR server",
@@ -373,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             raise kit.HarnessError(
                 f"--abort-check {args.abort_check}: give 0 (off) or at least "
                 f"{slots.ABORT_EVERY} streams (a quarter of them are aborted)"
+            )
+        if args.sweep_tokens < 1:
+            raise kit.HarnessError(
+                f"--sweep-tokens {args.sweep_tokens}: give at least 1 output token per request"
             )
         if args.sweep_requests < 1:
             raise kit.HarnessError(

@@ -200,7 +200,8 @@ def test_sweep_levels_take_the_requests_per_concurrency_given(tmp_path, monkeypa
     per level; the default stays 4 (8)."""
     calls = []
     monkeypatch.setattr(tiny_pair.subprocess, "run", lambda cmd, **_: calls.append(cmd))
-    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1,2", "--sweep-requests", "12") == 0
+    argv = ("--sweep", "1,2", "--sweep-requests", "12", "--sweep-tokens", "512")
+    assert _main(tmp_path, monkeypatch, "ar", *argv) == 0
     assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1") == 0
     sweeps = [c for c in calls if "loadtests.sweep" in c]
     assert len(sweeps) == 2 and len(calls) == 4  # each run: its sweep, then the report
@@ -210,15 +211,19 @@ def test_sweep_levels_take_the_requests_per_concurrency_given(tmp_path, monkeypa
 
     assert [flag(c, "--requests-per-concurrency") for c in sweeps] == ["12", "4"]
     assert [flag(c, "--min-requests") for c in sweeps] == ["24", "8"]
+    assert [flag(c, "--max-new-tokens") for c in sweeps] == ["512", "128"]
     assert flag(sweeps[0], "--concurrency") == "1,2"
 
 
-@pytest.mark.parametrize("bad", ["0", "-3"])
-def test_sweep_requests_below_one_are_refused_before_anything_runs(
-    tmp_path, monkeypatch, capsys, bad
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [("--sweep-requests", "0"), ("--sweep-requests", "-3"), ("--sweep-tokens", "0")],
+)
+def test_sweep_sizes_below_one_are_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys, option, bad
 ):
-    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1", "--sweep-requests", bad) == 2
-    assert f"--sweep-requests {bad}: give at least 1" in capsys.readouterr().err
+    assert _main(tmp_path, monkeypatch, "ar", "--sweep", "1", option, bad) == 2
+    assert f"{option} {bad}: give at least 1" in capsys.readouterr().err
     assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "out").exists()
 
 

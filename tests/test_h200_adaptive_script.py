@@ -87,9 +87,10 @@ def test_a_fixed_part_cut_by_its_timeout_fails_the_script(tmp_path):
 
 
 def test_sweep_passes_repeat_the_levels_and_bad_counts_stop_before_any_server(tmp_path):
-    rc, calls = run(tmp_path, [], PARTS="fixed", SWEEP="1,4", SWEEP_PASSES="3")
+    rc, calls = run(tmp_path, [], PARTS="fixed", SWEEP="1,4", SWEEP_PASSES="3", SWEEP_TOKENS="512")
     argv = calls[0].split()
     assert rc == 0 and argv[argv.index("--sweep") + 1] == "1,4,1,4,1,4"
+    assert argv[argv.index("--sweep-tokens") + 1] == "512"
     rc, calls = run(tmp_path, [], PARTS="fixed")
     assert calls[-1].split()[calls[-1].split().index("--sweep") + 1] == "1,2,4,8,16"
     for bad in ("0", "two", "-1"):
