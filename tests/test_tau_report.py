@@ -118,28 +118,38 @@ mkdir -p "$out" && cp "$STUB_E2E" "$out/e2e.json"
 """
 
 
-def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
+def _script_env(tmp_path, run: list[dict], n: int, **extra) -> dict:
+    """e2e/h200_tau.sh's environment with the stub kit Python answering every server with ``run``."""
     stub = tmp_path / "python"
     stub.write_text(STUB)
     stub.chmod(0o755)
-    n = 2
-    sets = ["heldout"] * n + ["othercode"] * n
-    run = [_server(s["label"], [(64, 8)] * 2 * n) for s in RUN]
     (tmp_path / "e2e.json").write_text(json.dumps(run))
-    calls, out = tmp_path / "calls", tmp_path / "out"
-    env = {
+    return {
         **os.environ,
         "SGLANG_KIT_PYTHON": str(stub),
         "REAL_PY": sys.executable,
-        "STUB_CALLS": str(calls),
+        "STUB_CALLS": str(tmp_path / "calls"),
         "STUB_E2E": str(tmp_path / "e2e.json"),
-        "OUT": str(out),
+        "OUT": str(tmp_path / "out"),
         "NUM_PROMPTS": str(n),
         "PYTHONPATH": str(REPO),
+        **extra,
     }
-    proc = subprocess.run(
+
+
+def _run_script(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
         ["bash", "e2e/h200_tau.sh"], cwd=REPO, env=env, capture_output=True, text=True
     )
+
+
+def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
+    n = 2
+    sets = ["heldout"] * n + ["othercode"] * n
+    run = [_server(s["label"], [(64, 8)] * 2 * n) for s in RUN]
+    env = _script_env(tmp_path, run, n)
+    calls, out = tmp_path / "calls", tmp_path / "out"
+    proc = _run_script(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argvs = [c.split() for c in calls.read_text().splitlines()]
     assert [a[a.index("--target") + 1].rsplit("/", 1)[1] for a in argvs] == ["hybrid", "qwen3"]
@@ -165,39 +175,17 @@ def test_device_script_serves_both_sets_per_pair_and_reports(tmp_path):
     ]
     # a failed server makes the call fail
     (tmp_path / "e2e.json").write_text(json.dumps([*run[:2], {**run[2], "ok": False}]))
-    proc = subprocess.run(
-        ["bash", "e2e/h200_tau.sh"], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    proc = _run_script(env)
     assert proc.returncode == 1 and "failed; rerun them" in proc.stderr
 
 
 def test_device_script_takes_the_request_length_and_can_leave_ar_out(tmp_path):
     """Session 19 measured the hybrid pair's tau at 256 tokens without AR (the reference engine
     judged the outputs): MAX_NEW_TOKENS reaches the greedy requests, SKIP_AR drops the AR server."""
-    stub = tmp_path / "python"
-    stub.write_text(STUB)
-    stub.chmod(0o755)
-    n = 1
-    run = [_server(s["label"], [(256, 20)] * 2 * n) for s in RUN[1:]]
-    (tmp_path / "e2e.json").write_text(json.dumps(run))
-    calls, out = tmp_path / "calls", tmp_path / "out"
-    env = {
-        **os.environ,
-        "SGLANG_KIT_PYTHON": str(stub),
-        "REAL_PY": sys.executable,
-        "STUB_CALLS": str(calls),
-        "STUB_E2E": str(tmp_path / "e2e.json"),
-        "OUT": str(out),
-        "NUM_PROMPTS": str(n),
-        "PYTHONPATH": str(REPO),
-        "PAIRS": "hybrid",
-        "MAX_NEW_TOKENS": "256",
-        "SKIP_AR": "1",
-    }
-    proc = subprocess.run(
-        ["bash", "e2e/h200_tau.sh"], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    run = [_server(s["label"], [(256, 20)] * 2) for s in RUN[1:]]
+    env = _script_env(tmp_path, run, 1, PAIRS="hybrid", MAX_NEW_TOKENS="256", SKIP_AR="1")
+    proc = _run_script(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (argv,) = [c.split() for c in calls.read_text().splitlines()]
+    (argv,) = [c.split() for c in (tmp_path / "calls").read_text().splitlines()]
     assert argv[argv.index("--servers") + 1] == "dflash+graphs,ddtree63+graphs+patched+replayssm"
     assert argv[argv.index("--max-new-tokens") + 1] == "256"
