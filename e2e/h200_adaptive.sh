@@ -16,8 +16,8 @@
 # up to 1.8x between sessions). SWEEP_TOKENS=T: output tokens per sweep request (default 128; the
 # tiny pair's prefill, 33-90 ms, costs about ten 3.5 ms decode steps, and a speculative server
 # finishes a 128-token request in about 20 steps, so its levels from C = 4 are prefill-bound).
-# ADAPTIVE_CONFIG=FILE
-# replaces the switching exercise with a measured table: between the two calls, on any machine,
+# ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
+# calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
 # (give the device OUT=$OUT itself: it returns files at most 2 folders down, so fixed/sweeps/ comes back).
 # NUM_PROMPTS=N: prompts for the greedy and tokens-per-step checks (default 6; issue 15's 1.3x was
@@ -36,8 +36,9 @@ MODS=${MODS-+graphs+patched+replayssm}
 PARTS=${PARTS:-fixed adaptive}
 passes=${SWEEP_PASSES:-1}
 [[ $passes =~ ^[1-9][0-9]*$ ]] || { echo "SWEEP_PASSES=$passes: give a whole number >= 1" >&2; exit 2; }
-levels=${SWEEP:-1,2,4,8,16}
-for ((p = 1; p < passes; p++)); do levels=$levels,${SWEEP:-1,2,4,8,16}; done
+pass_levels=${SWEEP:-1,2,4,8,16}
+levels=$pass_levels
+for ((p = 1; p < passes; p++)); do levels=$levels,$pass_levels; done
 common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-$F/heldout_prompts.jsonl}"
   --num-prompts "${NUM_PROMPTS:-6}"
   --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}"

@@ -9,9 +9,8 @@ step at that budget and concurrency::
 
 (prefill and scheduling included: what a step costs while serving C streams). A concurrency swept
 more than once (``--sweep 1,2,1,2``, as ``loadtests.compare`` reads repeats) costs the median of its
-levels. Files of servers
-other than DDTREE are skipped; two files for one budget, or a level without an accept length, a
-successful request or a throughput, are refused with one line. Prints the table and writes it in
+levels. Files of servers other than DDTREE are skipped; two files for one budget, or a level
+without an accept length, a successful request or a throughput, are refused with one line. Prints the table and writes it in
 ``docs/adaptive-budget.md``'s format (``--write-config``).
 """
 

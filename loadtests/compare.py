@@ -17,9 +17,9 @@ NEXTN, else EAGLE3/EAGLE (Qwen3-8B has no NEXTN head); ``--ar``/``--nextn`` pick
 explicitly. A model without an AR run gets a warning (and no speed-ups over AR). Repeated records
 for the same model, label and concurrency (a sweep over ``1,2,1,2``, or several files) are combined
 by their median, and the report adds how far they spread (highest / lowest output throughput), so a
-difference between runs can be read against it. Levels that were
-interrupted are marked ``*``. Runs served by the CPU demo server (``sglang-spec cpu-server``) are
-marked: their latencies are not an engine's.
+difference between runs can be read against it. Levels that were interrupted are marked ``*``.
+Runs served by the CPU demo server (``sglang-spec cpu-server``) are marked: their latencies are not
+an engine's.
 """
 
 from __future__ import annotations

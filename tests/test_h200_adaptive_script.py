@@ -92,7 +92,8 @@ def test_sweep_passes_repeat_the_levels_and_bad_counts_stop_before_any_server(tm
     assert rc == 0 and argv[argv.index("--sweep") + 1] == "1,4,1,4,1,4"
     assert argv[argv.index("--sweep-tokens") + 1] == "512"
     rc, calls = run(tmp_path, [], PARTS="fixed")
-    assert calls[-1].split()[calls[-1].split().index("--sweep") + 1] == "1,2,4,8,16"
+    argv = calls[-1].split()
+    assert argv[argv.index("--sweep") + 1] == "1,2,4,8,16"
     for bad in ("0", "two", "-1"):
         (tmp_path / "calls").unlink(missing_ok=True)
         proc_rc, calls = run(tmp_path, [], PARTS="fixed", SWEEP_PASSES=bad)
