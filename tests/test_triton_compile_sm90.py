@@ -176,3 +176,53 @@ def test_kv_move_kernel_does_not_spill_at_the_capped_rows():
 
     assert stack(KV_MOVE_ROWS) <= 256
     assert stack(256) > 4096
+
+
+def _cubin_resources(asm: dict) -> tuple[dict, str]:
+    """``cuobjdump -res-usage`` of the compiled cubin (``REG``, ``STACK``, ``SHARED``, ``LOCAL``
+    ... as ints) and its SASS (Triton's bundled cuobjdump)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    cuobjdump = os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"
+    )
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(asm["cubin"])
+    try:
+        usage, sass = (
+            subprocess.run(
+                [cuobjdump, flag, f.name], capture_output=True, text=True, timeout=120
+            ).stdout
+            for flag in ("-res-usage", "-sass")
+        )
+    finally:
+        os.unlink(f.name)
+    res = {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", usage.split("Function", 1)[-1])}
+    assert "REG" in res, usage
+    return res, sass
+
+
+@pytest.mark.parametrize("requests", [1, 8, 32])
+def test_wy_kernels_compile_for_sm90_without_spilling(requests):
+    """The blocked-WY candidate (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
+    N = 64, W = 16) with the value tile its launcher picks at ``requests`` requests: no stack frame,
+    no local memory and no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the
+    H200's): Triton 3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
+    if not triton.__version__.startswith("3.6"):
+        pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
+    from sglang_spec.gdn import triton_tree_wy as wy
+
+    bv = wy.choose_wy_block_v(128, requests * 48)
+    base = dict(HV=48, GRP=3, DK=128, BK=128, BT=wy.BT, BN=64, W=16)
+    kernels = [
+        (wy._wy_kkt_kernel, base | dict(BW=16, BKC=wy.KKT_K_SLICE)),
+        (wy._wy_out_kernel, base | dict(DV=128, BV=bv)),
+    ]
+    for fn, consts in kernels:
+        asm = compile_sm90(fn, consts, ints_32=("N",), options=dict(num_warps=wy.WY_WARPS))
+        res, sass = _cubin_resources(asm)
+        assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, bv, res)
+        assert _ptxas_stack_bytes(asm) == 0, (fn.__name__, bv)
