@@ -18,6 +18,9 @@ budget N - 1, random logits):
   ancestors' keys once per key head, then the tree kernel); its value tile ``BV`` chosen from
   ``bs * Hv`` (``triton_tree_recurrence.choose_block_v``); ``--sweep`` also times every ``BV`` in
   4..32 with 1, 2 and 4 warps and prints the best;
+* **WY** (``--wy``) -- the blocked-WY candidate ``triton_tree_wy.tree_gated_delta_rule_wy`` on the
+  unfused kernel's inputs and path table (compare ``wy_us`` with ``unfused kernel µs``, the walk on
+  the same inputs: the ``WY/unfused kernel`` column); ``--sweep`` also times it at BV 16, 32, 64;
 * **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
@@ -34,6 +37,7 @@ Checks, every cell (a failure makes the script exit 1 after the table):
   gating, <= 1e-5);
 * ``vs SGLang``: our outputs against SGLang's tree-mode outputs (bf16), max |diff| / (1e-4 + 2^-7 |x|)
   <= 1 (one bf16 rounding step: SGLang rounds its float32 result to the activation dtype);
+* ``wy`` (``--wy``): the WY candidate against the same torch core, max |diff| <= 1e-4;
 * ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
   of that node and against our torch replay, max |diff| <= 1e-4 + 1e-4 |x|.
 
@@ -52,6 +56,10 @@ Run on the H200 from the repository root (~3-4 min, mostly Triton compiling SGLa
 CPU smoke run (Triton interpreter, tiny heads, fp32, bs 1, N 17; ~1 min)::
 
     .venv/bin/python benchmarks/gdn_tree_recurrence.py --device cpu --tiny
+
+The WY candidate against the walk, same run (H200)::
+
+    $SGLANG_KIT_PYTHON -m benchmarks.gdn_tree_recurrence --wy --sweep --widths 16 64 --json /tmp/gdn_wy.json
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
 
 
 SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
+WY_SWEEP = (16, 32, 64)  # the WY candidate's value tiles (tl.dot needs >= 16)
 
 
 def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
@@ -204,6 +213,14 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         )
 
     fused_o = fused().view(bs, n, HV, dv)
+    wy = {}
+    if args.wy:
+        from sglang_spec.gdn.triton_tree_wy import choose_wy_block_v, tree_gated_delta_rule_wy
+
+        def wy_call(bv=None):
+            return tree_gated_delta_rule_wy(q, k, v, g, beta, paths, s0, block_v=bv)
+
+        wy["wy_o"] = wy_call()
 
     # checks
     want = _tree_gated_delta_rule_torch(q, k, v, g, beta, tree_paths(parents), s0)
@@ -217,6 +234,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         ),
     )
     fused_err = _rel_err(fused_o, ours, CHECK_TOL, BF16_STEP)
+    wy_err = float((wy.pop("wy_o") - want).abs().max()) if args.wy else None
     ring_err = max(
         float((ring[0] - fk.view(bs, n, H, dk).transpose(1, 2)).abs().max()),
         float((ring[1] - fv.view(bs, n, HV, dv).transpose(1, 2)).abs().max()),
@@ -229,6 +247,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         and replay_err <= 1
         and fused_err <= 1
         and ring_err <= 1e-5
+        and (wy_err is None or wy_err <= CHECK_TOL)
     )
 
     t_prep = time_us(lambda: _prep(c, conv_out, ssm_pool, bs, n), device, args.reps)
@@ -239,6 +258,14 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         lambda: replay_path_state_triton(k, v, g, beta, commit_paths, s0), device, args.reps
     )
     t_fused = time_us(fused, device, args.reps)
+    if args.wy:
+        wy["wy_bv"] = choose_wy_block_v(dv, bs * HV)
+        wy["wy_us"] = time_us(wy_call, device, args.reps)
+        wy["wy_vs_walk"] = wy["wy_us"] / t_ours
+        wy["wy_sweep_us"] = {}
+        if args.sweep:
+            for bv in WY_SWEEP:
+                wy["wy_sweep_us"][f"BV{bv}"] = time_us(lambda bv=bv: wy_call(bv), device, args.reps)
     sweep = {}
     if args.sweep:
         for bv, warps in SWEEP:
@@ -273,7 +300,9 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         check_replay=replay_err,
         check_fused=fused_err,
         check_ring=ring_err,
+        check_wy_max_abs=wy_err,
         ok=ok,
+        **wy,
     )
 
 
@@ -300,6 +329,12 @@ COLUMNS = [
     ("check_replay", "check: replay /tol"),
     ("check_fused", "check: fused /tol"),
     ("check_ring", "check: ring"),
+]
+WY_COLUMNS = [  # with --wy, after the unfused kernel's column
+    ("wy_bv", "WY BV"),
+    ("wy_us", "WY µs"),
+    ("wy_vs_walk", "WY/unfused kernel"),
+    ("check_wy_max_abs", "check: WY vs torch"),
 ]
 
 
@@ -329,14 +364,18 @@ def run(args) -> int:
         f"{args.reps}{' CUDA-graph replays of 10 calls' if device.type == 'cuda' else ' eager calls'}); "
         "MB per request and layer"
     )
-    print("| " + " | ".join(title for _, title in COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
+    columns = COLUMNS
+    if args.wy:
+        at = [key for key, _ in COLUMNS].index("ours_kernel_us") + 1
+        columns = COLUMNS[:at] + WY_COLUMNS + COLUMNS[at:]
+    print("| " + " | ".join(title for _, title in columns) + " |")
+    print("|" + "---|" * len(columns))
     results = []
     for bs in args.bs:
         for n in args.widths:
             row = run_cell(args, kern, bs, n, device)
             results.append(row)
-            print("| " + " | ".join(_fmt(row[key]) for key, _ in COLUMNS) + " |", flush=True)
+            print("| " + " | ".join(_fmt(row[key]) for key, _ in columns) + " |", flush=True)
     if args.sweep:
         print("\n# fused kernel µs per (BV, warps); * = the default choice's tile")
         names = [f"BV{bv}/w{w}" for bv, w in SWEEP]
@@ -345,6 +384,20 @@ def run(args) -> int:
             mark = f"BV{r['fused_bv']}/"
             cells = [f"{r['sweep_us'][x]:.1f}{'*' if x.startswith(mark) else ''}" for x in names]
             print(f"| {r['bs']} | {r['N']} | " + " | ".join(cells) + " |")
+        if args.wy:
+            print(
+                "\n# WY candidate µs per value tile; * = the default choice; walk = unfused kernel"
+            )
+            names = [f"BV{bv}" for bv in WY_SWEEP]
+            print("| bs | N | walk | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 3))
+            for r in results:
+                mark = f"BV{r['wy_bv']}"
+                cells = [f"{r['wy_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]
+                print(
+                    f"| {r['bs']} | {r['N']} | {r['ours_kernel_us']:.1f} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
     print(f"\n# per request over the {GDN_LAYERS_27B} GDN layers of the 27B shape (GB)")
     print("| N | SGLang intermediate_ssm | ours per-node records |\n|---|---|---|")
     for n in args.widths:
@@ -364,7 +417,7 @@ def run(args) -> int:
         return 1
     print(
         "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots, "
-        "fused = unfused, ring = inputs"
+        "fused = unfused, ring = inputs" + (", WY = torch core" if args.wy else "")
     )
     return 0
 
@@ -383,6 +436,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument(
         "--sweep", action="store_true", help="also time the fused kernel at every BV x warps"
+    )
+    p.add_argument(
+        "--wy",
+        action="store_true",
+        help="also time and check the blocked-WY candidate (triton_tree_wy) against the walk",
     )
     args = p.parse_args(argv)
     if args.device == "cpu":
