@@ -259,7 +259,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     )
     t_fused = time_us(fused, device, args.reps)
     if args.wy:
-        wy["wy_bv"] = choose_wy_block_v(dv, bs * HV)
+        wy["wy_bv"] = choose_wy_block_v(dv)
         wy["wy_us"] = time_us(wy_call, device, args.reps)
         wy["wy_vs_walk"] = wy["wy_us"] / t_ours
         wy["wy_sweep_us"] = {}

@@ -205,17 +205,16 @@ def _cubin_resources(asm: dict) -> tuple[dict, str]:
     return res, sass
 
 
-@pytest.mark.parametrize("requests", [1, 8, 32])
-def test_wy_kernels_compile_for_sm90_without_spilling(requests):
+def test_wy_kernels_compile_for_sm90_without_spilling():
     """The blocked-WY candidate (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
-    N = 64, W = 16) with the value tile its launcher picks at ``requests`` requests: no stack frame,
-    no local memory and no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the
-    H200's): Triton 3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
+    N = 64, W = 16) with the value tile its launcher picks (64): no stack frame, no local memory and
+    no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the H200's): Triton
+    3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
     from sglang_spec.gdn import triton_tree_wy as wy
 
-    bv = wy.choose_wy_block_v(128, requests * 48)
+    bv = wy.choose_wy_block_v(128)
     base = dict(HV=48, GRP=3, DK=128, BK=128, BT=wy.BT, BN=64, W=16)
     kernels = [
         (wy._wy_kkt_kernel, base | dict(BW=16, BKC=wy.KKT_K_SLICE)),

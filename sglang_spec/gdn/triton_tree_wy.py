@@ -47,8 +47,10 @@ from .recurrence_inputs import check_inputs
 #: Rows per block of the solve (``tl.dot``'s smallest tile).
 BT = 16
 
-#: Fewest programs the output launch should have before its value tile narrows.
-WY_TARGET_PROGRAMS = 1024
+#: The output launch's value tile: on the H200 (one Qwen3.6-27B GDN layer, bs 1-32, N 16 and 64)
+#: 64 columns was the fastest of 16, 32 and 64 in every cell, bs 1 included, where more, narrower
+#: programs had been expected to win.
+WY_BLOCK_V = 64
 
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
@@ -294,17 +296,15 @@ def _wy_out_kernel(
         )
 
 
-def choose_wy_block_v(dv: int, requests_x_heads: int, override: int | None = None) -> int:
-    """The output launch's value tile: the widest of 64, 32, 16 (``tl.dot`` needs 16) that still
-    gives ``WY_TARGET_PROGRAMS`` programs; ``override`` (a power of two >= 16) as is."""
+def choose_wy_block_v(dv: int, override: int | None = None) -> int:
+    """The output launch's value tile: ``WY_BLOCK_V`` columns, or ``dv`` rounded up to a power of
+    two when that is narrower (at least 16: ``tl.dot``'s smallest tile); ``override`` (a power of
+    two >= 16) as is."""
     if override is not None:
         if override < 16 or override & (override - 1):
             raise ValueError(f"block_v must be a power of two >= 16; got {override}")
         return override
-    bv = max(16, min(64, triton.next_power_of_2(dv)))
-    while bv > 16 and requests_x_heads * triton.cdiv(dv, bv) < WY_TARGET_PROGRAMS:
-        bv //= 2
-    return bv
+    return max(16, min(WY_BLOCK_V, triton.next_power_of_2(dv)))
 
 
 def tree_gated_delta_rule_wy(
@@ -363,7 +363,7 @@ def tree_gated_delta_rule_wy(
         BN=bn,
         num_warps=warps,
     )
-    bv = choose_wy_block_v(dv, bs * hv, block_v)
+    bv = choose_wy_block_v(dv, block_v)
     _wy_out_kernel[(triton.cdiv(dv, bv), bs * hv)](
         q,
         k,
