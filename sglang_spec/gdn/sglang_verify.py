@@ -10,6 +10,9 @@ and each node's raw inputs into the ring, which the commit (patch 0003) replays 
 path.
 
 * :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
+* :func:`gdn_tree_verify_wy` -- the same verify by the blocked-WY kernels (``triton_tree_wy``):
+  same arguments but its scratch, same output and ring; a candidate to time, called by nothing in
+  the patched verify;
 * :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
   calls for a tree;
 * :func:`verify_tree_paths` -- the step's path table for the patched verify's tree conv and tree
@@ -35,6 +38,66 @@ from .triton_tree_recurrence import (
     tree_prep_scratch,
     tree_scratch,
 )
+from .triton_tree_wy import launch_wy_kernels, wy_scratch_width
+
+
+def _check_verify_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    paths: torch.Tensor,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ring_rows: torch.Tensor | None,
+) -> tuple[int, int, int, int, int, int]:
+    """Validate the tree verify's SGLang tensors but its scratch (one-line ``ValueError`` per
+    problem); returns ``(bs, N, Hk, K, Hv, V)``."""
+    if paths.dim() != 3 or paths.dtype != torch.int32 or not paths.is_contiguous():
+        raise ValueError(
+            f"paths must be a contiguous int32 [bs, N, W] table; got {paths.dtype} {tuple(paths.shape)}"
+        )
+    bs, n, _ = paths.shape
+    if q.dim() != 4 or q.shape[1] != bs * n or q.shape[0] != 1:
+        raise ValueError(
+            f"q must be [1, bs * N = {bs * n}, Hk, K] for paths {tuple(paths.shape)}; got {tuple(q.shape)}"
+        )
+    hk, dk = q.shape[2:]
+    hv, dv = v.shape[2:]
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or hv % hk:
+        raise ValueError(
+            f"k must be q's shape {tuple(q.shape)} and v [1, {bs * n}, Hv, V] with Hk={hk} dividing Hv; "
+            f"got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if a.shape != (bs * n, hv) or b.shape != (bs * n, hv):
+        raise ValueError(
+            f"a and b must be [T, Hv] = {(bs * n, hv)}; got {tuple(a.shape)}, {tuple(b.shape)}"
+        )
+    if ssm_states.dim() != 4 or ssm_states.shape[1:] != (hv, dv, dk):
+        raise ValueError(
+            f"ssm_states must be [slots, Hv, V, K] = [slots, {hv}, {dv}, {dk}]; got {tuple(ssm_states.shape)}"
+        )
+    if cache_indices.shape[0] < bs:
+        raise ValueError(f"cache_indices must have >= bs = {bs} rows; got {cache_indices.shape[0]}")
+    if (ring is None) != (ring_rows is None):
+        raise ValueError("ring and ring_rows go together: give both or neither")
+    if ring is not None:
+        want = ((hk, dk), (hv, dv), (hv,), (hv,))
+        got = [tuple(x.shape[1:2]) + tuple(x.shape[3:]) for x in ring]
+        if (
+            got != [tuple(w) for w in want]
+            or any(x.shape[2] < n or x.stride(-1) != 1 for x in ring)
+            or ring_rows.shape[0] < bs
+        ):
+            raise ValueError(
+                "ring must be (rawk [R, Hk, >=N, K], rawv [R, Hv, >=N, V], g [R, Hv, >=N], "
+                f"beta [R, Hv, >=N]) with Hk={hk}, K={dk}, Hv={hv}, V={dv}, N={n}, contiguous last "
+                f"dims, and ring_rows >= bs = {bs} rows; got {[tuple(x.shape) for x in ring]}, "
+                f"ring_rows {tuple(ring_rows.shape)}"
+            )
+    return bs, n, hk, dk, hv, dv
 
 
 def gdn_tree_verify(
@@ -67,32 +130,10 @@ def gdn_tree_verify(
     ``N' >= N`` and ``ring_rows [>= bs]`` (rows of ``R``) add the ring stores: column i of request
     b's row holds node i's raw ``k``, ``v`` and its ``g``, ``beta`` (fp32).
     """
-    if paths.dim() != 3 or paths.dtype != torch.int32 or not paths.is_contiguous():
-        raise ValueError(
-            f"paths must be a contiguous int32 [bs, N, W] table; got {paths.dtype} {tuple(paths.shape)}"
-        )
-    bs, n, width = paths.shape
-    if q.dim() != 4 or q.shape[1] != bs * n or q.shape[0] != 1:
-        raise ValueError(
-            f"q must be [1, bs * N = {bs * n}, Hk, K] for paths {tuple(paths.shape)}; got {tuple(q.shape)}"
-        )
-    hk, dk = q.shape[2:]
-    hv, dv = v.shape[2:]
-    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or hv % hk:
-        raise ValueError(
-            f"k must be q's shape {tuple(q.shape)} and v [1, {bs * n}, Hv, V] with Hk={hk} dividing Hv; "
-            f"got k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if a.shape != (bs * n, hv) or b.shape != (bs * n, hv):
-        raise ValueError(
-            f"a and b must be [T, Hv] = {(bs * n, hv)}; got {tuple(a.shape)}, {tuple(b.shape)}"
-        )
-    if ssm_states.dim() != 4 or ssm_states.shape[1:] != (hv, dv, dk):
-        raise ValueError(
-            f"ssm_states must be [slots, Hv, V, K] = [slots, {hv}, {dv}, {dk}]; got {tuple(ssm_states.shape)}"
-        )
-    if cache_indices.shape[0] < bs:
-        raise ValueError(f"cache_indices must have >= bs = {bs} rows; got {cache_indices.shape[0]}")
+    bs, n, hk, dk, hv, dv = _check_verify_inputs(
+        q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
+    )
+    width = paths.shape[2]
     if (
         scratch.dtype != torch.float32
         or not scratch.is_contiguous()
@@ -113,22 +154,6 @@ def gdn_tree_verify(
             f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(width)}] "
             f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
         )
-    if (ring is None) != (ring_rows is None):
-        raise ValueError("ring and ring_rows go together: give both or neither")
-    if ring is not None:
-        want = ((hk, dk), (hv, dv), (hv,), (hv,))
-        got = [tuple(x.shape[1:2]) + tuple(x.shape[3:]) for x in ring]
-        if (
-            got != [tuple(w) for w in want]
-            or any(x.shape[2] < n or x.stride(-1) != 1 for x in ring)
-            or ring_rows.shape[0] < bs
-        ):
-            raise ValueError(
-                "ring must be (rawk [R, Hk, >=N, K], rawv [R, Hv, >=N, V], g [R, Hv, >=N], "
-                f"beta [R, Hv, >=N]) with Hk={hk}, K={dk}, Hv={hv}, V={dv}, N={n}, contiguous last "
-                f"dims, and ring_rows >= bs = {bs} rows; got {[tuple(x.shape) for x in ring]}, "
-                f"ring_rows {tuple(ring_rows.shape)}"
-            )
     o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
     launch_tree_kernel(
         q.view(bs, n, hk, dk),
@@ -140,6 +165,61 @@ def gdn_tree_verify(
         ssm_states.transpose(-1, -2),
         scratch,
         prep,
+        o,
+        sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
+        ring=None if ring is None else (*ring, ring_rows),
+        block_v=block_v,
+        num_warps=num_warps,
+    )
+    return o
+
+
+def gdn_tree_verify_wy(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,  # noqa: N803 -- SGLang's parameter name
+    dt_bias: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    paths: torch.Tensor,
+    scratch: torch.Tensor,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ring_rows: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """:func:`gdn_tree_verify` by the blocked-WY kernels (``triton_tree_wy``): the same arguments,
+    output and ring stores, but one ``scratch`` from ``tree_wy_scratch`` with ``>= bs`` requests
+    for these ``N`` and ``Hv``, ``V``; ``block_v`` (a power of two >= 16) overrides the output
+    launch's value tile. Not called by the patched verify."""
+    bs, n, hk, dk, hv, dv = _check_verify_inputs(
+        q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
+    )
+    width = wy_scratch_width(n, dv)
+    if (
+        scratch.dtype != torch.float32
+        or not scratch.is_contiguous()
+        or scratch.dim() != 3
+        or scratch.shape[0] < bs
+        or scratch.shape[1:] != (hv, width)
+    ):
+        raise ValueError(
+            f"scratch must be contiguous float32 [>= {bs}, {hv}, {width}] (tree_wy_scratch for "
+            f"N = {n}); got {scratch.dtype} {tuple(scratch.shape)}"
+        )
+    o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
+    launch_wy_kernels(
+        q.view(bs, n, hk, dk),
+        k.view(bs, n, hk, dk),
+        v.view(bs, n, hv, dv),
+        a.view(bs, n, hv),
+        b.view(bs, n, hv),
+        paths,
+        ssm_states.transpose(-1, -2),
+        scratch,
         o,
         sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
         ring=None if ring is None else (*ring, ring_rows),
