@@ -357,18 +357,33 @@ TRITON_CHILD = textwrap.dedent(
 )
 
 
-def run_interpreted(script: str, marker: str) -> None:
-    """Run ``script`` in a child process under ``TRITON_INTERPRET=1``; it must print ``marker``."""
+def start_interpreted(script: str) -> subprocess.Popen:
+    """Start ``script`` in a child process under ``TRITON_INTERPRET=1`` (Triton reads the variable
+    at import), its output captured."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(
         os.environ,
         TRITON_INTERPRET="1",
         PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]),
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert proc.returncode == 0 and marker in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def check_interpreted(proc: subprocess.Popen, marker: str) -> None:
+    """Wait for a child of :func:`start_interpreted`: it must exit 0 having printed ``marker``."""
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and marker in out, out[-3000:] + err[-5000:]
+
+
+def run_interpreted(script: str, marker: str) -> None:
+    """Run ``script`` in a child process under ``TRITON_INTERPRET=1``; it must print ``marker``."""
+    check_interpreted(start_interpreted(script), marker)
 
 
 def test_triton_kernels_match_torch_core_under_interpreter():
