@@ -205,23 +205,33 @@ def _cubin_resources(asm: dict) -> tuple[dict, str]:
     return res, sass
 
 
-def test_wy_kernels_compile_for_sm90_without_spilling():
+@pytest.mark.parametrize("sglang_mode,ring", [(False, False), (True, False), (True, True)])
+def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
     """The blocked-WY candidate (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
-    N = 64, W = 16) with the value tile its launcher picks (64): no stack frame, no local memory and
-    no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the H200's): Triton
-    3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
+    N = 64, W = 16) with the value tile its launcher picks (64), in every mode (SGLang's: bf16
+    q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack frame, no
+    local memory and no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the
+    H200's): Triton 3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
     from sglang_spec.gdn import triton_tree_wy as wy
 
     bv = wy.choose_wy_block_v(128)
-    base = dict(HV=48, GRP=3, DK=128, BK=128, BT=wy.BT, BN=64, W=16)
+    base = dict(HV=48, GRP=3, DK=128, DV=128, BK=128, BT=wy.BT, BN=64, W=16)
+    base |= dict(SGLANG=sglang_mode, RING=ring)
+    bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
     kernels = [
         (wy._wy_kkt_kernel, base | dict(BW=16, BKC=wy.KKT_K_SLICE)),
-        (wy._wy_out_kernel, base | dict(DV=128, BV=bv)),
+        (wy._wy_out_kernel, base | dict(BV=bv)),
     ]
     for fn, consts in kernels:
-        asm = compile_sm90(fn, consts, ints_32=("N",), options=dict(num_warps=wy.WY_WARPS))
+        asm = compile_sm90(
+            fn,
+            consts,
+            ints_32=("N",),
+            types={p: "*bf16" for p in bf16},
+            options=dict(num_warps=wy.WY_WARPS),
+        )
         res, sass = _cubin_resources(asm)
         assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, bv, res)
         assert _ptxas_stack_bytes(asm) == 0, (fn.__name__, bv)

@@ -83,10 +83,10 @@ def _scratch_parts(scr_ptr, bh, BN: tl.constexpr, DV: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(base, rows, stride, ok_r, DK: tl.constexpr, BK: tl.constexpr):
-    """The float32 ``[rows, BK]`` tile of q or k rows ``rows`` (0 where ``ok_r`` is not set and
-    past ``DK``)."""
-    offs_k = tl.arange(0, BK)
+def _key_rows(base, rows, stride, ok_r, c, DK: tl.constexpr, BK: tl.constexpr):
+    """The float32 ``[rows, BK]`` tile of key columns ``c .. c + BK - 1`` of q or k rows ``rows``
+    (0 where ``ok_r`` is not set and past ``DK``)."""
+    offs_k = c + tl.arange(0, BK)
     return tl.load(
         base + rows[:, None] * stride + offs_k[None, :],
         mask=ok_r[:, None] & (offs_k < DK)[None, :],
@@ -223,26 +223,32 @@ def _wy_kkt_kernel(
     q_base = q_ptr + b * sq_b + hk * sq_h
     if SGLANG:
         beta_r = _sglang_beta(beta_r)
-        k_r = _key_rows(k_base, rows, sk_n, ok_r, DK, BK)  # raw, before the l2-norm
-        inv_k_r = _inv_l2(k_r)
-        inv_q_r = _inv_l2(_key_rows(q_base, rows, sq_n, ok_r, DK, BK))
         if RING:
             ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
             a_r = tl.load(g_ptr + b * sg_b + rows * sg_n + hv * sg_h, mask=ok_r, other=0.0)
             g_r = _sglang_g(a_r.to(tl.float32), a_log, dt_bias)
             tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + rows, g_r, mask=ok_r)
             tl.store(ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + rows, beta_r, mask=ok_r)
-            if hv % GRP == 0:  # one program per key head stores its raw keys
-                offs_k = tl.arange(0, BK)
-                tl.store(
-                    ring_k_ptr
-                    + ring_row * srk_r
-                    + hk * srk_h
-                    + rows[:, None] * srk_n
-                    + offs_k[None, :],
-                    k_r.to(ring_k_ptr.dtype.element_ty),
-                    mask=ok_r[:, None] & (offs_k < DK)[None, :],
-                )
+            ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
+        # the row block's squared q, k norms in BKC-column slices (raw k into the ring: one
+        # program per key head stores it)
+        ss_k = tl.zeros((BT,), dtype=tl.float32)
+        ss_q = tl.zeros((BT,), dtype=tl.float32)
+        for c in range(0, BK, BKC):
+            k_s = _key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC)
+            q_s = _key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC)
+            ss_k += tl.sum(k_s * k_s, 1)
+            ss_q += tl.sum(q_s * q_s, 1)
+            if RING:
+                if hv % GRP == 0:
+                    offs_k = c + tl.arange(0, BKC)
+                    tl.store(
+                        ring_k + rows[:, None] * srk_n + offs_k[None, :],
+                        k_s.to(ring_k_ptr.dtype.element_ty),
+                        mask=ok_r[:, None] & (offs_k < DK)[None, :],
+                    )
+        inv_k_r = 1.0 / tl.sqrt(ss_k + 1e-6)
+        inv_q_r = 1.0 / tl.sqrt(ss_q + 1e-6)
     out = rows[:, None] * BN
     for j in range(0, i_t + 1):
         cols = j * BT + r
@@ -256,16 +262,8 @@ def _wy_kkt_kernel(
         for c in range(0, BK, BKC):  # K in slices of BKC columns
             offs_k = c + tl.arange(0, BKC)
             ok_k = offs_k < DK
-            k_i = tl.load(
-                k_base + rows[:, None] * sk_n + offs_k[None, :],
-                mask=ok_r[:, None] & ok_k[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            q_i = tl.load(
-                q_base + rows[:, None] * sq_n + offs_k[None, :],
-                mask=ok_r[:, None] & ok_k[None, :],
-                other=0.0,
-            ).to(tl.float32)
+            k_i = _key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC)
+            q_i = _key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC)
             k_jt = tl.load(  # [BKC, BT]: the column block's keys, transposed
                 k_base + cols[None, :] * sk_n + offs_k[:, None],
                 mask=(cols[None, :] < N) & ok_k[:, None],
@@ -386,8 +384,8 @@ def _wy_out_kernel(
         rows = i * BT + r
         ok_r = rows < N
         real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
-        k_i = _key_rows(k_base, rows, sk_n, ok_r, DK, BK)
-        q_i = _key_rows(q_base, rows, sq_n, ok_r, DK, BK)
+        k_i = _key_rows(k_base, rows, sk_n, ok_r, 0, DK, BK)
+        q_i = _key_rows(q_base, rows, sq_n, ok_r, 0, DK, BK)
         v_i = tl.load(
             v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
             mask=ok_r[:, None] & ok_v[None, :],
