@@ -20,7 +20,10 @@ budget N - 1, random logits):
   4..32 with 1, 2 and 4 warps and prints the best;
 * **WY** (``--wy``) -- the blocked-WY candidate ``triton_tree_wy.tree_gated_delta_rule_wy`` on the
   unfused kernel's inputs and path table (compare ``wy_us`` with ``unfused kernel µs``, the walk on
-  the same inputs: the ``WY/unfused kernel`` column); ``--sweep`` also times it at BV 16, 32, 64;
+  the same inputs: the ``WY/unfused kernel`` column); ``--sweep`` also times it at BV 16, 32, 64.
+  Its SGLang mode, ``sglang_verify.gdn_tree_verify_wy``, on the fused kernel's inputs with a ring
+  of its own (compare ``WY fused µs`` with ``ours fused µs``: the ``WY fused/ours fused`` column;
+  ``WY scratch MB/req`` is its scratch: ``A``, ``QK``, ``gamma``, ``U`` per value head);
 * **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
@@ -37,7 +40,9 @@ Checks, every cell (a failure makes the script exit 1 after the table):
   gating, <= 1e-5);
 * ``vs SGLang``: our outputs against SGLang's tree-mode outputs (bf16), max |diff| / (1e-4 + 2^-7 |x|)
   <= 1 (one bf16 rounding step: SGLang rounds its float32 result to the activation dtype);
-* ``wy`` (``--wy``): the WY candidate against the same torch core, max |diff| <= 1e-4;
+* ``wy`` (``--wy``): the WY candidate against the same torch core, max |diff| <= 1e-4; its SGLang
+  mode's outputs against the fused kernel's, max |diff| / (1e-4 + 2^-7 |x|) <= 1, and its ring equal
+  to the fused kernel's bit for bit;
 * ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
   of that node and against our torch replay, max |diff| <= 1e-4 + 1e-4 |x|.
 
@@ -215,12 +220,39 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     fused_o = fused().view(bs, n, HV, dv)
     wy = {}
     if args.wy:
-        from sglang_spec.gdn.triton_tree_wy import choose_wy_block_v, tree_gated_delta_rule_wy
+        from sglang_spec.gdn.sglang_verify import gdn_tree_verify_wy
+        from sglang_spec.gdn.triton_tree_wy import (
+            choose_wy_block_v,
+            tree_gated_delta_rule_wy,
+            tree_wy_scratch,
+            wy_scratch_width,
+        )
 
         def wy_call(bv=None):
             return tree_gated_delta_rule_wy(q, k, v, g, beta, paths, s0, block_v=bv)
 
         wy["wy_o"] = wy_call()
+        wy_ring = tuple(torch.zeros_like(x) for x in ring)
+        wy_scratch = tree_wy_scratch(bs, n, HV, dv, device)
+
+        def wy_fused():
+            return gdn_tree_verify_wy(
+                fq,
+                fk,
+                fv,
+                c["a"],
+                c["b"],
+                c["A_log"],
+                c["dt_bias"],
+                ssm_pool,
+                c["cache_indices"],
+                paths32,
+                wy_scratch,
+                ring=wy_ring,
+                ring_rows=ring_rows,
+            )
+
+        wy["wy_fused_o"] = wy_fused().view(bs, n, HV, dv)
 
     # checks
     want = _tree_gated_delta_rule_torch(q, k, v, g, beta, tree_paths(parents), s0)
@@ -234,7 +266,11 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         ),
     )
     fused_err = _rel_err(fused_o, ours, CHECK_TOL, BF16_STEP)
-    wy_err = float((wy.pop("wy_o") - want).abs().max()) if args.wy else None
+    wy_err = wy_fused_err = wy_ring_equal = None
+    if args.wy:
+        wy_err = float((wy.pop("wy_o") - want).abs().max())
+        wy_fused_err = _rel_err(wy.pop("wy_fused_o"), fused_o, CHECK_TOL, BF16_STEP)
+        wy_ring_equal = all(torch.equal(x, y) for x, y in zip(wy_ring, ring, strict=True))
     ring_err = max(
         float((ring[0] - fk.view(bs, n, H, dk).transpose(1, 2)).abs().max()),
         float((ring[1] - fv.view(bs, n, HV, dv).transpose(1, 2)).abs().max()),
@@ -248,6 +284,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         and fused_err <= 1
         and ring_err <= 1e-5
         and (wy_err is None or wy_err <= CHECK_TOL)
+        and (wy_fused_err is None or (wy_fused_err <= 1 and wy_ring_equal))
     )
 
     t_prep = time_us(lambda: _prep(c, conv_out, ssm_pool, bs, n), device, args.reps)
@@ -262,6 +299,9 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         wy["wy_bv"] = choose_wy_block_v(dv)
         wy["wy_us"] = time_us(wy_call, device, args.reps)
         wy["wy_vs_walk"] = wy["wy_us"] / t_ours
+        wy["wy_fused_us"] = time_us(wy_fused, device, args.reps)
+        wy["wy_fused_vs_fused"] = wy["wy_fused_us"] / t_fused
+        wy["wy_scratch_mb"] = HV * wy_scratch_width(n, dv) * 4 / 2**20
         wy["wy_sweep_us"] = {}
         if args.sweep:
             for bv in WY_SWEEP:
@@ -301,6 +341,8 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         check_fused=fused_err,
         check_ring=ring_err,
         check_wy_max_abs=wy_err,
+        check_wy_fused=wy_fused_err,
+        check_wy_ring=wy_ring_equal,
         ok=ok,
         **wy,
     )
@@ -335,6 +377,11 @@ WY_COLUMNS = [  # with --wy, after the unfused kernel's column
     ("wy_us", "WY µs"),
     ("wy_vs_walk", "WY/unfused kernel"),
     ("check_wy_max_abs", "check: WY vs torch"),
+    ("wy_fused_us", "WY fused µs"),
+    ("wy_fused_vs_fused", "WY fused/ours fused"),
+    ("wy_scratch_mb", "WY scratch MB/req"),
+    ("check_wy_fused", "check: WY fused vs fused /tol"),
+    ("check_wy_ring", "check: WY ring = fused ring"),
 ]
 
 
@@ -417,7 +464,8 @@ def run(args) -> int:
         return 1
     print(
         "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots, "
-        "fused = unfused, ring = inputs" + (", WY = torch core" if args.wy else "")
+        "fused = unfused, ring = inputs"
+        + (", WY = torch core, WY fused = fused" if args.wy else "")
     )
     return 0
 
