@@ -233,7 +233,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
 
         wy["wy_o"] = wy_call()
         wy_ring = tuple(torch.zeros_like(x) for x in ring)
-        wy_scratch = tree_wy_scratch(bs, n, HV, dv, device)
+        wy_scratch = tree_wy_scratch(bs, n, HV, device)
 
         def wy_fused():
             return gdn_tree_verify_wy(
@@ -301,7 +301,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         wy["wy_vs_walk"] = wy["wy_us"] / t_ours
         wy["wy_fused_us"] = time_us(wy_fused, device, args.reps)
         wy["wy_fused_vs_fused"] = wy["wy_fused_us"] / t_fused
-        wy["wy_scratch_mb"] = HV * wy_scratch_width(n, dv) * 4 / 2**20
+        wy["wy_scratch_mb"] = HV * wy_scratch_width(n) * 4 / 2**20
         wy["wy_sweep_us"] = {}
         if args.sweep:
             for bv in WY_SWEEP:

@@ -155,7 +155,7 @@ SGLANG_CHILD = textwrap.dedent(
             block_v=dv,  # one value tile: the interpreter's time is per program
             **ring(walk_ring),
         )
-        scratch = tree_wy_scratch(bs, n, hv, dv, "cpu").fill_(float("nan"))  # written before read
+        scratch = tree_wy_scratch(bs, n, hv, "cpu").fill_(float("nan"))  # written before read
         pool_before = pool.clone()
         got = gdn_tree_verify_wy(*args, scratch, block_v=block_v, **ring(wy_ring))
         assert got.shape == walk.shape == (1, t, hv, dv) and got.dtype == dt, name
@@ -252,13 +252,13 @@ def test_wy_verify_refuses_a_scratch_of_another_shape():
         torch.zeros(bs, n, w, dtype=torch.int32),
     )
     for scratch in (
-        tree_wy_scratch(bs, 16, hv, dv, "cpu"),  # one 16-row block too few
-        tree_wy_scratch(bs, n, hv + 1, dv, "cpu"),
-        tree_wy_scratch(bs - 1, n, hv, dv, "cpu"),
-        tree_wy_scratch(bs, n, hv, dv, "cpu").double(),
+        tree_wy_scratch(bs, 16, hv, "cpu"),  # one 16-row block too few
+        tree_wy_scratch(bs, n, hv + 1, "cpu"),
+        tree_wy_scratch(bs - 1, n, hv, "cpu"),
+        tree_wy_scratch(bs, n, hv, "cpu").double(),
     ):
         with pytest.raises(
-            ValueError, match=r"scratch must be contiguous float32 \[>= 2, 3, 2592\]"
+            ValueError, match=r"scratch must be contiguous float32 \[>= 2, 3, 2176\]"
         ):
             gdn_tree_verify_wy(*args, scratch)
     q = qk.view(bs, n, hk, dk)
@@ -269,7 +269,7 @@ def test_wy_verify_refuses_a_scratch_of_another_shape():
             *args[2:5],
             args[9],
             args[7],
-            tree_wy_scratch(bs, n, hv, dv, "cpu"),
+            tree_wy_scratch(bs, n, hv, "cpu"),
             args[2],
             ring=(q,) * 5,
         )

@@ -217,20 +217,22 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
     from sglang_spec.gdn import triton_tree_wy as wy
 
     bv = wy.choose_wy_block_v(128)
-    base = dict(HV=48, GRP=3, DK=128, DV=128, BK=128, BT=wy.BT, BN=64, W=16)
+    base = dict(HV=48, GRP=3, DK=128, BK=128, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=64, W=16)
     base |= dict(SGLANG=sglang_mode, RING=ring)
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
+    solve = dict(HV=48, BT=wy.BT, BN=64, SGLANG=sglang_mode)
     kernels = [
-        (wy._wy_kkt_kernel, base | dict(BW=16, BKC=wy.KKT_K_SLICE)),
-        (wy._wy_out_kernel, base | dict(BV=bv)),
+        (wy._wy_kkt_kernel, base | dict(BW=16), wy.KKT_WARPS),
+        (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
+        (wy._wy_out_kernel, base | dict(DV=128, BV=bv, PREC=wy.WY_DOT_PRECISION), wy.WY_WARPS),
     ]
-    for fn, consts in kernels:
+    for fn, consts, warps in kernels:
         asm = compile_sm90(
             fn,
             consts,
             ints_32=("N",),
             types={p: "*bf16" for p in bf16},
-            options=dict(num_warps=wy.WY_WARPS),
+            options=dict(num_warps=warps),
         )
         res, sass = _cubin_resources(asm)
         assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, bv, res)

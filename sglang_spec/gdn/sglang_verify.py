@@ -198,7 +198,7 @@ def gdn_tree_verify_wy(
     bs, n, hk, dk, hv, dv = _check_verify_inputs(
         q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
     )
-    width = wy_scratch_width(n, dv)
+    width = wy_scratch_width(n)
     if (
         scratch.dtype != torch.float32
         or not scratch.is_contiguous()

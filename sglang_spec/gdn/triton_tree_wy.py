@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from .recurrence_inputs import check_inputs
-from .triton_tree_recurrence import _program_state_tile, _sglang_beta, _sglang_g
+from .triton_tree_recurrence import _sglang_beta, _sglang_g
 
 #: Rows per block of the solve (``tl.dot``'s smallest tile).
 BT = 16
@@ -65,21 +65,29 @@ BT = 16
 #: The output launch's value tile: on the H200 (one Qwen3.6-27B GDN layer, bs 1-32, N 16 and 64)
 #: 64 columns was the fastest of 16, 32 and 64 in every cell, bs 1 included, where more, narrower
 #: programs had been expected to win.
-WY_BLOCK_V = 64
+WY_BLOCK_V = 16
 
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
 
-#: Warps per program of both launches.
-WY_WARPS = 4
+#: Warps per program of the output launch.
+WY_WARPS = 8
+
+#: The output launch's ``tl.dot`` precision.
+WY_DOT_PRECISION = "ieee"
+
+#: Warps per program of the kkt and solve launches (16 x 16 tiles).
+KKT_WARPS = 2
 
 
 @triton.jit
-def _scratch_parts(scr_ptr, bh, BN: tl.constexpr, DV: tl.constexpr):
-    """Request x value head ``bh``'s row of the scratch, split into ``A`` and ``QK`` ``[BN, BN]``,
-    ``gamma`` ``[BN]`` and ``U`` ``[BN, DV]`` (row-major, in that order)."""
-    base = scr_ptr + bh.to(tl.int64) * (BN * (2 * BN + 1 + DV))
-    return base, base + BN * BN, base + 2 * BN * BN, base + 2 * BN * BN + BN
+def _scratch_parts(scr_ptr, bh, BN: tl.constexpr):
+    """Request x value head ``bh``'s row of the scratch, split into ``T`` and ``QK`` ``[BN, BN]``
+    (row-major; ``T`` holds ``A`` until the solve launch replaces it by ``(I + A)^{-1}``) and the
+    per-node ``gamma``, ``beta``, ``1 / |k|`` and ``scale / |q|`` ``[BN]`` (in that order)."""
+    base = scr_ptr + bh.to(tl.int64) * (BN * (2 * BN + 4))
+    node = base + 2 * BN * BN
+    return base, base + BN * BN, node, node + BN, node + 2 * BN, node + 3 * BN
 
 
 @triton.jit
@@ -92,12 +100,6 @@ def _key_rows(base, rows, stride, ok_r, c, DK: tl.constexpr, BK: tl.constexpr):
         mask=ok_r[:, None] & (offs_k < DK)[None, :],
         other=0.0,
     ).to(tl.float32)
-
-
-@triton.jit
-def _inv_l2(x):
-    """Per row of ``x``, SGLang's l2-norm factor ``1 / sqrt(|x|^2 + 1e-6)`` (the walk's)."""
-    return 1.0 / tl.sqrt(tl.sum(x * x, 1) + 1e-6)
 
 
 @triton.jit
@@ -143,6 +145,21 @@ def _ancestor_mask(paths_ptr, b, rows, cols, depth_c, N, W: tl.constexpr):
 
 
 @triton.jit
+def _unit_lower_inverse(a, BT: tl.constexpr):
+    """``(I + a)^{-1}`` of a strictly lower triangular ``[16, 16]`` ``a``: ``a^16 = 0``, so the
+    inverse is ``(I - a)(I + a^2)(I + a^4)(I + a^8)``, six products instead of 15 dependent
+    substitution steps."""
+    r = tl.arange(0, BT)
+    t = (r[:, None] == r[None, :]).to(tl.float32) - a
+    p = a
+    tl.static_assert(BT == 16)
+    for _ in tl.static_range(3):  # a^2, a^4, a^8
+        p = tl.dot(p, p, input_precision="ieee")
+        t += tl.dot(t, p, input_precision="ieee")
+    return t
+
+
+@triton.jit
 def _wy_kkt_kernel(
     q_ptr,
     k_ptr,
@@ -183,7 +200,6 @@ def _wy_kkt_kernel(
     HV: tl.constexpr,
     GRP: tl.constexpr,
     DK: tl.constexpr,
-    DV: tl.constexpr,
     BK: tl.constexpr,
     BKC: tl.constexpr,
     BT: tl.constexpr,
@@ -191,11 +207,16 @@ def _wy_kkt_kernel(
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
 ):
-    """Row block ``i`` of ``A`` (diagonal block: ``(I + A_ii)^{-1}``), of ``QK`` and of ``gamma``
-    for one request x value head (grid: row blocks x requests*value heads); ``RING``: the block's
-    nodes' ``g``, ``beta`` and raw ``k`` in the ring (their raw ``v`` is the output launch's)."""
-    i_t = tl.program_id(0)
+    """Block ``(i, j)``, ``j <= i``, of ``A`` and ``QK`` for one request x value head (grid: the
+    ``nt (nt + 1) / 2`` lower blocks x requests*value heads, block ``p = i (i + 1) / 2 + j``). A
+    diagonal block stores ``(I + A_ii)^{-1}`` for ``A_ii`` and its nodes' ``gamma``, ``beta`` and
+    key / query norms for the output launch; ``RING``: also their ``g``, ``beta`` and raw ``k``."""
+    p = tl.program_id(0)
     bh = tl.program_id(1)
+    i_t = ((tl.sqrt(8.0 * p + 1.0) - 1.0) * 0.5).to(tl.int32)
+    i_t += ((i_t + 1) * (i_t + 2) // 2 <= p).to(tl.int32)  # guard the float root
+    i_t -= (i_t * (i_t + 1) // 2 > p).to(tl.int32)
+    j_t = p - i_t * (i_t + 1) // 2
     b = bh // HV
     hv = bh % HV
     hk = hv // GRP
@@ -207,110 +228,112 @@ def _wy_kkt_kernel(
     else:  # unread
         a_log = 0.0
         dt_bias = 0.0
-    a_ptr, qk_ptr, gam_ptr, _ = _scratch_parts(scr_ptr, bh, BN, DV)
+    t_ptr, qk_ptr, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr = _scratch_parts(scr_ptr, bh, BN)
     r = tl.arange(0, BT)
     rows = i_t * BT + r
+    cols = j_t * BT + r
     ok_r = rows < N
+    diag = i_t == j_t
     gam_r, _ = _path_rows(
         paths_ptr, g_ptr, b, rows, hv, N, sg_b, sg_n, sg_h, a_log, dt_bias, W, BW, SGLANG
+    )
+    gam_c, dep_c = _path_rows(
+        paths_ptr, g_ptr, b, cols, hv, N, sg_b, sg_n, sg_h, a_log, dt_bias, W, BW, SGLANG
     )
     beta_r = tl.load(beta_ptr + b * sb_b + rows * sb_n + hv * sb_h, mask=ok_r, other=0.0).to(
         tl.float32
     )
-    tl.store(gam_ptr + rows, gam_r)
-
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    q_base = q_ptr + b * sq_b + hk * sq_h
     if SGLANG:
         beta_r = _sglang_beta(beta_r)
+    k_base = k_ptr + b * sk_b + hk * sk_h
+    q_base = q_ptr + b * sq_b + hk * sq_h
+    if RING:
+        ring_k = ring_k_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srk_r + hk * srk_h
+    kk = tl.zeros((BT, BT), dtype=tl.float32)
+    qk = tl.zeros((BT, BT), dtype=tl.float32)
+    ss_kr = tl.zeros((BT,), dtype=tl.float32)  # squared norms of the rows' k, q, the columns' k
+    ss_qr = tl.zeros((BT,), dtype=tl.float32)
+    ss_c = tl.zeros((BT,), dtype=tl.float32)
+    for c in range(0, BK, BKC):  # K in slices of BKC columns (all 128 at once spill on sm_90)
+        offs_k = c + tl.arange(0, BKC)
+        k_i = _key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC)
+        q_i = _key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC)
+        k_jt = tl.load(  # [BKC, BT]: the column block's keys, transposed
+            k_base + cols[None, :] * sk_n + offs_k[:, None],
+            mask=(cols[None, :] < N) & (offs_k < DK)[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        kk += tl.dot(k_i, k_jt, input_precision="ieee")
+        qk += tl.dot(q_i, k_jt, input_precision="ieee")
+        if SGLANG:
+            ss_kr += tl.sum(k_i * k_i, 1)
+            ss_qr += tl.sum(q_i * q_i, 1)
+            ss_c += tl.sum(k_jt * k_jt, 0)
+            if RING:  # the raw k of the block's nodes, by one program per key head
+                if diag & (hv % GRP == 0):
+                    tl.store(
+                        ring_k + rows[:, None] * srk_n + offs_k[None, :],
+                        k_i.to(ring_k_ptr.dtype.element_ty),
+                        mask=ok_r[:, None] & (offs_k < DK)[None, :],
+                    )
+    if SGLANG:  # q, k l2-normed (q then scaled), as the walk does, applied to the products
+        inv_k = 1.0 / tl.sqrt(ss_kr + 1e-6)
+        inv_q = 1.0 / tl.sqrt(ss_qr + 1e-6) * scale
+        inv_c = 1.0 / tl.sqrt(ss_c + 1e-6)
+        kk *= inv_k[:, None] * inv_c[None, :]
+        qk *= inv_q[:, None] * inv_c[None, :]
+    else:
+        inv_k = tl.full((BT,), 1.0, tl.float32)
+        inv_q = tl.full((BT,), 1.0, tl.float32)
+    on_path = _ancestor_mask(paths_ptr, b, rows, cols, dep_c, N, W)
+    decay = tl.exp(tl.where(on_path, gam_r[:, None] - gam_c[None, :], 0.0))
+    strict = on_path & (rows[:, None] != cols[None, :])
+    a = tl.where(strict, beta_r[:, None] * decay * kk, 0.0)
+    out = rows[:, None] * BN + cols[None, :]
+    tl.store(qk_ptr + out, tl.where(on_path, decay * qk, 0.0))
+    if diag:
+        tl.store(t_ptr + out, _unit_lower_inverse(a, BT))
+        tl.store(gam_ptr + rows, gam_r)
+        tl.store(beta_s_ptr + rows, beta_r)
+        tl.store(ik_ptr + rows, inv_k)
+        tl.store(iq_ptr + rows, inv_q)
         if RING:
             ring_row = tl.load(ring_rows_ptr + b).to(tl.int64)
             a_r = tl.load(g_ptr + b * sg_b + rows * sg_n + hv * sg_h, mask=ok_r, other=0.0)
             g_r = _sglang_g(a_r.to(tl.float32), a_log, dt_bias)
             tl.store(ring_g_ptr + ring_row * srg_r + hv * srg_h + rows, g_r, mask=ok_r)
             tl.store(ring_beta_ptr + ring_row * srbeta_r + hv * srbeta_h + rows, beta_r, mask=ok_r)
-            ring_k = ring_k_ptr + ring_row * srk_r + hk * srk_h
-        # the row block's squared q, k norms in BKC-column slices (raw k into the ring: one
-        # program per key head stores it)
-        ss_k = tl.zeros((BT,), dtype=tl.float32)
-        ss_q = tl.zeros((BT,), dtype=tl.float32)
-        for c in range(0, BK, BKC):
-            k_s = _key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC)
-            q_s = _key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC)
-            ss_k += tl.sum(k_s * k_s, 1)
-            ss_q += tl.sum(q_s * q_s, 1)
-            if RING:
-                if hv % GRP == 0:
-                    offs_k = c + tl.arange(0, BKC)
-                    tl.store(
-                        ring_k + rows[:, None] * srk_n + offs_k[None, :],
-                        k_s.to(ring_k_ptr.dtype.element_ty),
-                        mask=ok_r[:, None] & (offs_k < DK)[None, :],
-                    )
-        inv_k_r = 1.0 / tl.sqrt(ss_k + 1e-6)
-        inv_q_r = 1.0 / tl.sqrt(ss_q + 1e-6)
-    out = rows[:, None] * BN
-    for j in range(0, i_t + 1):
-        cols = j * BT + r
-        gam_c, dep_c = _path_rows(
-            paths_ptr, g_ptr, b, cols, hv, N, sg_b, sg_n, sg_h, a_log, dt_bias, W, BW, SGLANG
-        )
-        on_path = _ancestor_mask(paths_ptr, b, rows, cols, dep_c, N, W)
-        kk = tl.zeros((BT, BT), dtype=tl.float32)
-        qk = tl.zeros((BT, BT), dtype=tl.float32)
-        ss_c = tl.zeros((BT,), dtype=tl.float32)  # SGLANG: the column keys' squared norms
-        for c in range(0, BK, BKC):  # K in slices of BKC columns
-            offs_k = c + tl.arange(0, BKC)
-            ok_k = offs_k < DK
-            k_i = _key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC)
-            q_i = _key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC)
-            k_jt = tl.load(  # [BKC, BT]: the column block's keys, transposed
-                k_base + cols[None, :] * sk_n + offs_k[:, None],
-                mask=(cols[None, :] < N) & ok_k[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            if SGLANG:  # the row block's q, k l2-normed, then q scaled (the walk's order)
-                q_i *= inv_q_r[:, None]
-                k_i *= inv_k_r[:, None]
-                q_i = q_i * scale
-                ss_c += tl.sum(k_jt * k_jt, 0)
-            kk += tl.dot(k_i, k_jt, input_precision="ieee")
-            qk += tl.dot(q_i, k_jt, input_precision="ieee")
-        if SGLANG:  # the column keys l2-normed after the products (the walk's ancestors')
-            inv_c = 1.0 / tl.sqrt(ss_c + 1e-6)
-            kk *= inv_c[None, :]
-            qk *= inv_c[None, :]
-        decay = tl.exp(tl.where(on_path, gam_r[:, None] - gam_c[None, :], 0.0))
-        strict = on_path & (rows[:, None] != cols[None, :])
-        a = tl.where(strict, beta_r[:, None] * decay * kk, 0.0)
-        tl.store(qk_ptr + out + cols[None, :], tl.where(on_path, decay * qk, 0.0))
-        if j == i_t:
-            # (I + a)^{-1} by forward substitution: row s of t is final once s < i
-            t = (r[:, None] == r[None, :]).to(tl.float32)
-            for i in range(1, BT):
-                a_row = tl.sum(tl.where(r[:, None] == i, a, 0.0), 0)
-                below = tl.sum(a_row[:, None] * t, 0)
-                t = tl.where(
-                    r[:, None] == i, tl.where(r == i, 1.0, 0.0)[None, :] - below[None, :], t
-                )
-            a = t
-        tl.store(a_ptr + out + cols[None, :], a)
+    else:
+        tl.store(t_ptr + out, a)
 
 
 @triton.jit
-def _zero_output(
-    o_ptr, b, hv, N, HV: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr
+def _wy_solve_kernel(
+    scr_ptr, s0_rows_ptr, HV: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, SGLANG: tl.constexpr
 ):
-    """Zeros into this program's value tile of request ``b``'s ``N`` output rows."""
+    """``T = (I + A)^{-1}`` of one request x value head from the kkt launch's blocks (grid:
+    requests*value heads): ``T_ij = -T_ii sum_{j <= m < i} A_im T_mj`` block row by block row,
+    each ``T_ij`` stored over ``A_ij`` (row ``i``'s later blocks only read ``A_im``, ``m > j``)."""
+    bh = tl.program_id(0)
+    if SGLANG:
+        if tl.load(s0_rows_ptr + bh // HV) < 0:
+            return
+    t_ptr, _, _, _, _, _ = _scratch_parts(scr_ptr, bh, BN)
     r = tl.arange(0, BT)
-    offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
-    for i in range(0, tl.cdiv(N, BT)):
+    for i in range(1, BN // BT):
         rows = i * BT + r
-        tl.store(
-            o_ptr + ((b * N + rows[:, None]) * HV + hv) * DV + offs_v[None, :],
-            tl.zeros((BT, BV), dtype=o_ptr.dtype.element_ty),
-            mask=(rows < N)[:, None] & (offs_v < DV)[None, :],
-        )
+        t_ii = tl.load(t_ptr + rows[:, None] * BN + rows[None, :])
+        for j in range(0, i):
+            x = tl.zeros((BT, BT), dtype=tl.float32)
+            for m in range(j, i):
+                a_im = tl.load(t_ptr + rows[:, None] * BN + (m * BT + r)[None, :])
+                t_mj = tl.load(t_ptr + (m * BT + r)[:, None] * BN + (j * BT + r)[None, :])
+                x += tl.dot(a_im, t_mj, input_precision="ieee")
+            tl.store(
+                t_ptr + rows[:, None] * BN + (j * BT + r)[None, :],
+                -tl.dot(t_ii, x, input_precision="ieee"),
+            )
+        tl.debug_barrier()  # the next block rows read this row's T
 
 
 @triton.jit
@@ -318,7 +341,6 @@ def _wy_out_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
-    beta_ptr,  # SGLANG: the gate input b
     paths_ptr,
     s0_ptr,
     s0_rows_ptr,  # SGLANG: cache_indices (the pool row per request, < 0 = padding)
@@ -335,9 +357,6 @@ def _wy_out_kernel(
     sv_b,
     sv_n,
     sv_h,
-    sb_b,
-    sb_n,
-    sb_h,
     ss_b,
     ss_h,
     ss_k,
@@ -345,7 +364,6 @@ def _wy_out_kernel(
     srv_r,
     srv_h,
     srv_n,
-    scale,
     N,
     W: tl.constexpr,
     HV: tl.constexpr,
@@ -353,81 +371,71 @@ def _wy_out_kernel(
     DK: tl.constexpr,
     DV: tl.constexpr,
     BK: tl.constexpr,
+    BKC: tl.constexpr,
     BV: tl.constexpr,
     BT: tl.constexpr,
     BN: tl.constexpr,
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
+    PREC: tl.constexpr,
 ):
-    """``U`` and ``O`` of one value tile of one request x value head, block by block (grid: value
-    tiles x requests*value heads); ``RING``: the tile's columns of the raw ``v`` in the ring."""
+    """``U = T R`` and ``O = e^gamma S_0^T q + QK U`` of one value tile of one request x value head
+    for all ``BN`` nodes at once, no dependent steps (grid: value tiles x requests*value heads);
+    ``RING``: the tile's columns of the raw ``v`` in the ring."""
     bh = tl.program_id(1)
     b = bh // HV
+    hv = bh % HV
+    hk = hv // GRP
     if SGLANG:
         row = tl.load(s0_rows_ptr + b).to(tl.int64)
-        if row < 0:  # a padding request: zeros out, nothing else read or written
-            _zero_output(o_ptr, b, bh % HV, N, HV, DV, BV, BT)
-            return
     else:
         row = b.to(tl.int64)
-    hv, offs_k, offs_v, ok_k, ok_v, s0 = _program_state_tile(
-        s0_ptr, row, ss_b, ss_h, ss_k, ss_v, HV, DK, DV, BK, BV
-    )
-    hk = hv // GRP
-    a_ptr, qk_ptr, gam_ptr, u_ptr = _scratch_parts(scr_ptr, bh, BN, DV)
-    if RING:
-        ring_v = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
+    rows = tl.arange(0, BN)
+    ok_r = rows < N
+    offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
+    ok_v = offs_v < DV
+    o_tile = o_ptr + ((b * N + rows[:, None]) * HV + hv) * DV + offs_v[None, :]
+    o_mask = ok_r[:, None] & ok_v[None, :]
+    if row < 0:  # an SGLang padding request: zeros out, nothing else read or written
+        tl.store(o_tile, tl.zeros((BN, BV), dtype=o_ptr.dtype.element_ty), mask=o_mask)
+        return
+    t_ptr, qk_ptr, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr = _scratch_parts(scr_ptr, bh, BN)
     k_base = k_ptr + b * sk_b + hk * sk_h
     q_base = q_ptr + b * sq_b + hk * sq_h
-    r = tl.arange(0, BT)
-    for i in range(0, tl.cdiv(N, BT)):
-        rows = i * BT + r
-        ok_r = rows < N
-        real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
-        k_i = _key_rows(k_base, rows, sk_n, ok_r, 0, DK, BK)
-        q_i = _key_rows(q_base, rows, sq_n, ok_r, 0, DK, BK)
-        v_i = tl.load(
-            v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
-            mask=ok_r[:, None] & ok_v[None, :],
-            other=0.0,
+    s0_base = s0_ptr + row * ss_b + hv * ss_h + offs_v[None, :] * ss_v
+    ks = tl.zeros((BN, BV), dtype=tl.float32)  # S_0^T k and S_0^T q of every node
+    qs = tl.zeros((BN, BV), dtype=tl.float32)
+    for c in range(0, BK, BKC):
+        offs_k = c + tl.arange(0, BKC)
+        s0 = tl.load(
+            s0_base + offs_k[:, None] * ss_k, mask=(offs_k < DK)[:, None] & ok_v[None, :], other=0.0
         ).to(tl.float32)
-        beta_i = tl.load(beta_ptr + b * sb_b + rows * sb_n + hv * sb_h, mask=ok_r, other=0.0).to(
-            tl.float32
-        )
-        if SGLANG:
-            if RING:  # the raw v, as SGLang's verify kernel stores it
-                tl.store(
-                    ring_v + rows[:, None] * srv_n + offs_v[None, :],
-                    v_i.to(ring_v_ptr.dtype.element_ty),
-                    mask=ok_r[:, None] & ok_v[None, :],
-                )
-            q_i *= _inv_l2(q_i)[:, None]  # l2-normed, then q scaled (the walk's order)
-            k_i *= _inv_l2(k_i)[:, None]
-            q_i = q_i * scale
-            beta_i = _sglang_beta(beta_i)
-        decay = tl.exp(tl.load(gam_ptr + rows))
-        s0k = tl.dot(k_i, s0, input_precision="ieee")
-        s0q = tl.dot(q_i, s0, input_precision="ieee")
-        rhs = tl.where(real[:, None], beta_i[:, None] * (v_i - decay[:, None] * s0k), 0.0)
-        acc = decay[:, None] * s0q
-        for j in range(0, i):
-            cols = j * BT + r
-            u_j = tl.load(u_ptr + cols[:, None] * DV + offs_v[None, :], mask=ok_v[None, :])
-            a_ij = tl.load(a_ptr + rows[:, None] * BN + cols[None, :])
-            qk_ij = tl.load(qk_ptr + rows[:, None] * BN + cols[None, :])
-            rhs -= tl.dot(a_ij, u_j, input_precision="ieee")
-            acc += tl.dot(qk_ij, u_j, input_precision="ieee")
-        t_ii = tl.load(a_ptr + rows[:, None] * BN + rows[None, :])
-        u_i = tl.dot(t_ii, rhs, input_precision="ieee")
-        tl.store(u_ptr + rows[:, None] * DV + offs_v[None, :], u_i, mask=ok_v[None, :])
-        tl.debug_barrier()  # the next blocks read this block's u from the scratch
-        qk_ii = tl.load(qk_ptr + rows[:, None] * BN + rows[None, :])
-        acc += tl.dot(qk_ii, u_i, input_precision="ieee")
+        ks += tl.dot(_key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+        qs += tl.dot(_key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+    v = tl.load(
+        v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
+        mask=o_mask,
+        other=0.0,
+    ).to(tl.float32)
+    if RING:  # the raw v, as SGLang's verify kernel stores it
+        ring_v = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
         tl.store(
-            o_ptr + ((b * N + rows[:, None]) * HV + hv) * DV + offs_v[None, :],
-            tl.where(real[:, None], acc, 0.0).to(o_ptr.dtype.element_ty),
-            mask=ok_r[:, None] & ok_v[None, :],
+            ring_v + rows[:, None] * srv_n + offs_v[None, :],
+            v.to(ring_v_ptr.dtype.element_ty),
+            mask=o_mask,
         )
+    real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
+    decay = tl.exp(tl.load(gam_ptr + rows))
+    beta = tl.load(beta_s_ptr + rows)
+    ks *= tl.load(ik_ptr + rows)[:, None]
+    qs *= tl.load(iq_ptr + rows)[:, None]
+    rhs = tl.where(real[:, None], beta[:, None] * (v - decay[:, None] * ks), 0.0)
+    lower = (rows // BT)[:, None] >= (rows // BT)[None, :]  # the blocks the kkt launch wrote
+    t = tl.load(t_ptr + rows[:, None] * BN + rows[None, :], mask=lower, other=0.0)
+    u = tl.dot(t, rhs, input_precision=PREC)
+    qkm = tl.load(qk_ptr + rows[:, None] * BN + rows[None, :], mask=lower, other=0.0)
+    o = decay[:, None] * qs + tl.dot(qkm, u, input_precision=PREC)
+    tl.store(o_tile, tl.where(real[:, None], o, 0.0).to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
 def choose_wy_block_v(dv: int, override: int | None = None) -> int:
@@ -441,22 +449,28 @@ def choose_wy_block_v(dv: int, override: int | None = None) -> int:
     return max(16, min(WY_BLOCK_V, triton.next_power_of_2(dv)))
 
 
-def wy_scratch_width(n: int, dv: int) -> int:
-    """Floats per request and value head of :func:`tree_wy_scratch` for ``N = n`` nodes and
-    ``V = dv``: ``A`` and ``QK`` ``[BN, BN]``, ``gamma`` ``[BN]`` and ``U`` ``[BN, V]``, ``BN`` =
-    ``n`` rounded up to whole 16-row blocks."""
-    bn = triton.cdiv(n, BT) * BT
-    return bn * (2 * bn + 1 + dv)
+def wy_block_rows(n: int) -> int:
+    """``BN``: the rows the launches give an ``n``-node tree, ``n`` rounded up to a power of two
+    of at least ``BT`` (the output launch holds all of them in one tile)."""
+    return max(BT, triton.next_power_of_2(n))
 
 
-def tree_wy_scratch(requests: int, n: int, hv: int, dv: int, device) -> torch.Tensor:
-    """The ``[requests, Hv, wy_scratch_width(n, dv)]`` float32 scratch of both WY launches for
-    trees of ``n`` nodes. Every part is written before it is read (the kkt launch writes ``A``,
-    ``QK``, ``gamma`` of every real request before the output launch reads them; block ``i`` of
-    ``U`` is written before the blocks after it read it), so it needs no initialisation, and one
+def wy_scratch_width(n: int) -> int:
+    """Floats per request and value head of :func:`tree_wy_scratch` for ``N = n`` nodes: ``T`` and
+    ``QK`` ``[BN, BN]`` and four ``[BN]`` node vectors, ``BN = wy_block_rows(n)`` (the output
+    launch keeps ``U`` in registers)."""
+    bn = wy_block_rows(n)
+    return bn * (2 * bn + 4)
+
+
+def tree_wy_scratch(requests: int, n: int, hv: int, device) -> torch.Tensor:
+    """The ``[requests, Hv, wy_scratch_width(n)]`` float32 scratch of the WY launches for
+    trees of ``n`` nodes. Every part is written before it is read (the kkt launch writes every
+    lower block of ``A`` / ``QK`` and the node vectors of every real request, the solve launch
+    reads only those and the blocks it wrote itself), so it needs no initialisation, and one
     scratch serves every layer of a step and every batch of at most ``requests`` requests of
     ``n``-node trees."""
-    return torch.empty(requests, hv, wy_scratch_width(n, dv), dtype=torch.float32, device=device)
+    return torch.empty(requests, hv, wy_scratch_width(n), dtype=torch.float32, device=device)
 
 
 def launch_wy_kernels(
@@ -475,12 +489,13 @@ def launch_wy_kernels(
     block_v: int | None = None,
     num_warps: int | None = None,
 ) -> None:
-    """Launch ``_wy_kkt_kernel`` then ``_wy_out_kernel``, both modes. Arguments as
-    ``triton_tree_recurrence.launch_tree_kernel``'s (``g, beta``: with ``sglang`` the gate inputs
-    ``a``, ``b``; ``o`` contiguous ``[bs * N, Hv, V]``-shaped, in any float dtype), but one
-    ``scratch`` from :func:`tree_wy_scratch` with ``>= bs`` requests for this ``N``.
-    ``sglang = (A_log, dt_bias, cache_indices, scale)`` selects the SGLang mode;
-    ``ring = (rawk, rawv, g, beta, ring_rows)`` adds its ring stores (SGLang mode only)."""
+    """Launch ``_wy_kkt_kernel``, ``_wy_solve_kernel`` (more than one 16-row block) and
+    ``_wy_out_kernel``, both modes. Arguments as ``triton_tree_recurrence.launch_tree_kernel``'s
+    (``g, beta``: with ``sglang`` the gate inputs ``a``, ``b``; ``o`` contiguous ``[bs * N, Hv,
+    V]``-shaped, in any float dtype), but one ``scratch`` from :func:`tree_wy_scratch` with
+    ``>= bs`` requests for this ``N``. ``sglang = (A_log, dt_bias, cache_indices, scale)`` selects
+    the SGLang mode; ``ring = (rawk, rawv, g, beta, ring_rows)`` adds its ring stores (SGLang mode
+    only); ``num_warps`` is the output launch's."""
     bs, n, hk, dk = k.shape
     hv, dv = v.shape[2:]
     if sglang is None:
@@ -497,7 +512,8 @@ def launch_wy_kernels(
         ring_k, ring_v, ring_g, ring_beta, ring_rows = ring
         kkt_ring_strides = (*ring_k.stride()[:3], *ring_g.stride()[:2], *ring_beta.stride()[:2])
         out_ring_strides = ring_v.stride()[:3]
-    nt = triton.cdiv(n, BT)
+    bn = wy_block_rows(n)
+    nt = bn // BT
     bk = max(16, triton.next_power_of_2(dk))
     width = paths.shape[2]
     consts = dict(
@@ -505,15 +521,14 @@ def launch_wy_kernels(
         HV=hv,
         GRP=hv // hk,
         DK=dk,
-        DV=dv,
         BK=bk,
+        BKC=min(bk, KKT_K_SLICE),
         BT=BT,
-        BN=nt * BT,
+        BN=bn,
         SGLANG=sglang is not None,
         RING=ring is not None,
-        num_warps=num_warps or WY_WARPS,
     )
-    _wy_kkt_kernel[(nt, bs * hv)](
+    _wy_kkt_kernel[(nt * (nt + 1) // 2, bs * hv)](
         q,
         k,
         g,
@@ -535,15 +550,24 @@ def launch_wy_kernels(
         scale,
         n,
         BW=triton.next_power_of_2(width),
-        BKC=min(bk, KKT_K_SLICE),
+        num_warps=KKT_WARPS,
         **consts,
     )
+    if nt > 1:
+        _wy_solve_kernel[(bs * hv,)](
+            scratch,
+            rows,
+            HV=hv,
+            BT=BT,
+            BN=bn,
+            SGLANG=sglang is not None,
+            num_warps=KKT_WARPS,
+        )
     bv = choose_wy_block_v(dv, block_v)
     _wy_out_kernel[(triton.cdiv(dv, bv), bs * hv)](
         q,
         k,
         v,
-        beta,
         paths,
         initial_state,
         rows,
@@ -554,12 +578,13 @@ def launch_wy_kernels(
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
-        *beta.stride(),
         *initial_state.stride(),
         *out_ring_strides,
-        scale,
         n,
+        DV=dv,
         BV=bv,
+        PREC=WY_DOT_PRECISION,
+        num_warps=num_warps or WY_WARPS,
         **consts,
     )
 
@@ -592,7 +617,7 @@ def tree_gated_delta_rule_wy(
         beta,
         paths.to(torch.int32).contiguous(),
         initial_state,
-        tree_wy_scratch(bs, n, hv, dv, k.device),
+        tree_wy_scratch(bs, n, hv, k.device),
         o,
         block_v=block_v,
         num_warps=num_warps,
