@@ -3,7 +3,7 @@
 ``python tests/gdn_sglang_verify_cases.py PRISTINE_FOLD OUT.pt`` with a patched copy of SGLang
 0.5.22 or 0.5.23 first on ``sys.path`` (the parent builds it). Runs on one random case (``make_case``):
 
-* ``ours``: ``sglang_spec.gdn.sglang_verify.gdn_tree_verify`` -- outputs and ring;
+* ``ours``: ``sglang_spec.gdn.sglang_verify.gdn_tree_verify_wy`` -- outputs and ring;
 * ``sglang_ring``: SGLang's own recurrent kernel (cut verbatim, ``tests/sglang_kernel_gdn.py``) on
   the same tokens as a chain with ``cache_ring=True`` -- the ring it stores per token, which is
   what its fold kernel expects per step;
@@ -38,9 +38,9 @@ from test_gdn_tree_recurrence import random_parents  # noqa: E402
 from sglang_spec.gdn import tree_paths  # noqa: E402
 from sglang_spec.gdn.sglang_verify import (  # noqa: E402
     TreeVerifyTables,
-    gdn_tree_verify,
+    gdn_tree_verify_wy,
 )
-from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch  # noqa: E402
+from sglang_spec.gdn.triton_tree_wy import tree_wy_scratch  # noqa: E402
 
 BS, N, HK, HV, DK, DV = 4, 10, 1, 3, 16, 8  # GQA 1:3; request 1 is padding
 SLOTS, RING_ROWS, RING_N = 6, 5, N + 2  # the ring is wider than the tree: columns >= N untouched
@@ -102,7 +102,7 @@ def run_ours(case: dict) -> dict:
     assert not (q.is_contiguous() or v.is_contiguous() or a.is_contiguous())
     ring = fresh_ring(RING_ROWS)
     pool = case["pool"].clone()
-    o = gdn_tree_verify(
+    o = gdn_tree_verify_wy(
         q,
         k,
         v,
@@ -113,11 +113,9 @@ def run_ours(case: dict) -> dict:
         pool,
         case["cache_indices"],
         case["paths"],
-        tree_scratch(BS * N, HV, DV, "cpu"),
-        tree_prep_scratch(BS * N, HK, case["paths"].shape[2], "cpu"),
+        tree_wy_scratch(BS, N, HV, "cpu").fill_(float("nan")),  # written before read
         ring=ring_tuple(ring),
         ring_rows=case["ring_rows"],
-        block_v=4,  # two value tiles per head
     )
     return dict(o=o, ring=ring, pool_after=pool)
 
@@ -213,7 +211,7 @@ def run_patched(case: dict) -> dict:
 
     assert "sglang-spec 0002" in open(sys.modules[GDNAttnBackend.__module__].__file__).read()
     backend = GDNAttnBackend.__new__(GDNAttnBackend)
-    backend.tree_verify = TreeVerifyTables(HK, HV, DV, "cpu")
+    backend.tree_verify = TreeVerifyTables(HV, "cpu")
     q, k, v, a, b = split(case)
     ring = fresh_ring(RING_ROWS)
     o = backend._replayssm_fold_target_verify(
@@ -245,7 +243,7 @@ def run_graph_paths(case: dict) -> dict:
     from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
     graph_bs, w = BS + 2, case["paths"].shape[2]
-    tables = TreeVerifyTables(HK, HV, DV, "cpu")
+    tables = TreeVerifyTables(HV, "cpu")
     placeholder = SimpleNamespace(draft_token_num=N, spec_steps=w - 1, retrieve_tree_paths=None)
     captured = tables.graph_paths(graph_bs, placeholder)  # what the capture's metadata points to
     spec_info = EagleVerifyInput.__new__(EagleVerifyInput)

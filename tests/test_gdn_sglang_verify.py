@@ -34,6 +34,7 @@ from patched_sglang import GDN_TREE_PINS, gdn_fold, patched_copy, run_cases
 from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
 from sglang_spec.gdn.sglang_verify import TreeVerifyTables, gdn_tree_verify, replayssm_tree_verify
 from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch
+from sglang_spec.gdn.triton_tree_wy import wy_scratch_width
 
 TOL = 1e-5
 
@@ -151,23 +152,28 @@ def test_graph_buffer_takes_the_verify_inputs_paths(results):
 
 
 def test_tree_verify_tables():
-    tables = TreeVerifyTables(2, 3, 8, "cpu")
-    small, small_prep = tables.scratch(5, 4)
-    assert small.shape == (5, 3, 10) and small_prep.shape == (5, 2, 11)
-    assert all(x is y for x, y in zip(tables.scratch(4, 4), (small, small_prep), strict=True))
-    assert tables.scratch(4, 6)[1].shape == (4, 2, 15)  # another path width: other prep rows
-    tables.init_graphs(40)
-    shared = tables.scratch(40, 4)[0]
-    assert shared.shape[0] == 40 and tables.scratch(7, 4)[0] is shared
-    eager = tables.scratch(41, 4)[0]  # larger than every graph: its own, the shared one stays
-    assert eager.shape[0] == 41 and tables.scratch(40, 4)[0] is shared
+    tables = TreeVerifyTables(3, "cpu")
+    small = tables.scratch(5, 17)  # 17 nodes: 32 rows of the solve
+    assert small.shape == (5, 3, wy_scratch_width(17)) == (5, 3, 32 * 68)
+    assert tables.scratch(4, 17) is small
+    grown = tables.scratch(6, 17)  # eager: grown, then shared
+    assert grown.shape[0] == 6 and tables.scratch(5, 17) is grown
+    other = tables.scratch(2, 5)  # another width: its own scratch, the first one kept
+    assert other.shape == (2, 3, wy_scratch_width(5)) and tables.scratch(6, 17) is grown
+    tables.init_graphs(40)  # graphs of up to 40 tokens: sized at the first capture of a width
     spec = SimpleNamespace(draft_token_num=5, spec_steps=3, retrieve_tree_paths=None)
     buf = tables.graph_paths(2, spec)
     assert buf.shape == (2, 5, 4) and torch.all(buf == -1)
-    # the first capture sizes the prep rows like the scratch, outside the graph; they stay put
-    graph_prep = tables.scratch(40, 4)[1]
-    assert graph_prep.shape == (40, 2, 11) and tables.scratch(7, 4)[1] is graph_prep
-    assert tables.scratch(41, 4)[1] is not graph_prep and tables.scratch(8, 4)[1] is graph_prep
+    shared = tables.scratch(2, 5)
+    assert shared.shape == (8, 3, wy_scratch_width(5)) and tables.scratch(8, 5) is shared
+    eager = tables.scratch(9, 5)  # larger than every graph: its own, the shared one stays
+    assert eager.shape[0] == 9 and tables.scratch(9, 5) is not eager
+    assert tables.scratch(3, 5) is shared
+    spec.draft_token_num = 10  # a second width (adaptive budgets): its own graph scratch
+    tables.graph_paths(1, spec)
+    assert tables.scratch(1, 10).shape == (4, 3, wy_scratch_width(10))
+    assert tables.scratch(4, 10) is tables.scratch(1, 10) and tables.scratch(8, 5) is shared
+    spec.draft_token_num = 5
     spec.retrieve_tree_paths = torch.zeros(1, 5, 3, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"retrieve_tree_paths must be \[<= 2, 5, 4\]"):
         tables.graph_paths(2, spec)
@@ -179,7 +185,7 @@ def test_tree_verify_tables():
         ),
     )
     made = TreeVerifyTables.for_backend(4, pool, "cpu")
-    assert (made.num_k_heads, made.num_v_heads, made.head_v_dim) == (1, 3, 8)
+    assert made.num_v_heads == 3
     assert TreeVerifyTables.for_backend(1, pool, "cpu") is None  # a chain
     assert (
         TreeVerifyTables.for_backend(

@@ -220,9 +220,9 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
     base = dict(HV=48, GRP=3, DK=128, BK=128, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=64, W=16)
     base |= dict(SGLANG=sglang_mode, RING=ring)
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
-    solve = dict(HV=48, BT=wy.BT, BN=64, SGLANG=sglang_mode)
+    solve = dict(HV=48, BT=wy.BT, BN=64, SGLANG=sglang_mode, PREC=wy.WY_DOT_PRECISION)
     kernels = [
-        (wy._wy_kkt_kernel, base | dict(BW=16), wy.KKT_WARPS),
+        (wy._wy_kkt_kernel, base | dict(BW=16, PREC=wy.WY_DOT_PRECISION), wy.KKT_WARPS),
         (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
         (wy._wy_out_kernel, base | dict(DV=128, BV=bv, PREC=wy.WY_DOT_PRECISION), wy.WY_WARPS),
     ]

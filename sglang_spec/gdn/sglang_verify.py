@@ -35,10 +35,8 @@ import torch
 from .triton_tree_recurrence import (
     launch_tree_kernel,
     prep_row_width,
-    tree_prep_scratch,
-    tree_scratch,
 )
-from .triton_tree_wy import launch_wy_kernels, wy_scratch_width
+from .triton_tree_wy import launch_wy_kernels, tree_wy_scratch, wy_scratch_width
 
 
 def _check_verify_inputs(
@@ -230,19 +228,16 @@ def gdn_tree_verify_wy(
 
 
 class TreeVerifyTables:
-    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the kernels' scratch
-    and key-product rows (shared by every layer and step) and, for CUDA graphs, one static
+    """What the patched ``MambaAttnBackendBase`` keeps for the GDN tree verify: the WY kernels'
+    scratch per tree width (shared by every layer and step) and, for CUDA graphs, one static
     ``retrieve_tree_paths`` buffer per captured batch size (allocated when that size is captured,
     outside the graph; refreshed from the verify input before each replay)."""
 
-    def __init__(self, num_k_heads: int, num_v_heads: int, head_v_dim: int, device):
-        self.num_k_heads = num_k_heads
+    def __init__(self, num_v_heads: int, device):
         self.num_v_heads = num_v_heads
-        self.head_v_dim = head_v_dim
         self.device = device
-        self._scratch: torch.Tensor | None = None
-        self._prep: torch.Tensor | None = None
-        self._graphs = False
+        self._scratch: dict[int, torch.Tensor] = {}  # by tree width N
+        self._graph_tokens: int | None = None
         self._paths: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -256,39 +251,25 @@ class TreeVerifyTables:
             or getattr(mamba_pool, "replayssm_is_kda", False)
         ):
             return None
-        _, _, hv, dv, _ = mamba_pool.mamba_cache.temporal.shape  # [layers, slots, Hv, V, K]
-        hk = mamba_pool.mamba_cache.replayssm_rawk.shape[2]  # [layers, R, Hk, N, K]
-        return cls(hk, hv, dv, device)
+        return cls(mamba_pool.mamba_cache.temporal.shape[2], device)  # [layers, slots, Hv, V, K]
 
     def init_graphs(self, max_num_tokens: int) -> None:
-        """Size the scratch for the largest captured batch; it stays put from now on (graphs hold
-        its address). The key-product rows, whose width needs the tree's, follow at the first
-        capture (:meth:`graph_paths`)."""
-        self._scratch = tree_scratch(max_num_tokens, self.num_v_heads, self.head_v_dim, self.device)
-        self._prep = None
-        self._graphs = True
+        """Graphs of up to ``max_num_tokens`` verify tokens follow: a width's scratch is sized for
+        them at its first capture, when the width is known (:meth:`graph_paths`), and stays put
+        from then on (graphs hold its address)."""
+        self._graph_tokens = max_num_tokens
+        self._scratch = {}
 
-    def scratch(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(scratch, prep)`` with ``>= rows`` rows, ``prep`` for path tables of width ``width``:
-        the shared ones, grown (or re-made for another width) in eager mode; an eager batch larger
-        than every captured one gets its own (the graphs keep the shared ones' addresses)."""
-        return self._scratch_rows(rows), self._prep_rows(rows, width)
-
-    def _scratch_rows(self, rows: int) -> torch.Tensor:
-        if self._scratch is not None and self._scratch.shape[0] >= rows:
-            return self._scratch
-        fresh = tree_scratch(rows, self.num_v_heads, self.head_v_dim, self.device)
-        if not self._graphs:
-            self._scratch = fresh
-        return fresh
-
-    def _prep_rows(self, rows: int, width: int) -> torch.Tensor:
-        prep = self._prep
-        if prep is not None and prep.shape[0] >= rows and prep.shape[2] == prep_row_width(width):
-            return prep
-        fresh = tree_prep_scratch(rows, self.num_k_heads, width, self.device)
-        if not self._graphs:
-            self._prep = fresh
+    def scratch(self, bs: int, n: int) -> torch.Tensor:
+        """The WY scratch for ``bs`` trees of ``n`` nodes: width ``n``'s shared one, grown in eager
+        mode; with graphs, an eager batch larger than every captured one gets its own (the graphs
+        keep the shared one's address)."""
+        shared = self._scratch.get(n)
+        if shared is not None and shared.shape[0] >= bs:
+            return shared
+        fresh = tree_wy_scratch(bs, n, self.num_v_heads, self.device)
+        if self._graph_tokens is None:
+            self._scratch[n] = fresh
         return fresh
 
     def graph_paths(self, bs: int, spec_info) -> torch.Tensor:
@@ -301,9 +282,10 @@ class TreeVerifyTables:
             shape = (bs, int(spec_info.draft_token_num), int(spec_info.spec_steps) + 1)
             buf = torch.full(shape, -1, dtype=torch.int32, device=self.device)
             self._paths[bs] = buf
-            if self._graphs and self._prep is None:  # sized like the scratch, outside the graph
-                self._prep = tree_prep_scratch(
-                    self._scratch.shape[0], self.num_k_heads, shape[2], self.device
+            n = shape[1]
+            if self._graph_tokens is not None and n not in self._scratch:  # outside the graph
+                self._scratch[n] = tree_wy_scratch(
+                    max(bs, self._graph_tokens // n), n, self.num_v_heads, self.device
                 )
         paths = getattr(spec_info, "retrieve_tree_paths", None)
         if paths is not None:
@@ -357,7 +339,7 @@ def replayssm_tree_verify(
             f"the tree verify needs N = {paths.shape[1]} tokens per request; got "
             f"{seq_len} tokens for {batch_size} requests"
         )
-    return gdn_tree_verify(
+    return gdn_tree_verify_wy(
         query,
         key,
         value,
@@ -368,7 +350,7 @@ def replayssm_tree_verify(
         ssm_states,
         cache_indices,
         paths,
-        *backend.tree_verify.scratch(seq_len, paths.shape[2]),
+        backend.tree_verify.scratch(batch_size, paths.shape[1]),
         ring=(
             layer_cache.replayssm_rawk,
             layer_cache.replayssm_rawv,

@@ -1,11 +1,12 @@
-"""A blocked-WY candidate for ``tree_gated_delta_rule``: the tree's update vectors from one
-triangular solve in 16-row blocks instead of a walk of the nodes one by one.
+"""The GDN tree verify's kernels: ``tree_gated_delta_rule`` as one triangular solve, ``U = (I +
+A)^{-1} R``, in 16-row blocks, with no node-by-node walk (the walk, ``triton_tree_recurrence``, is
+kept as the independent Triton form the tests and ``benchmarks/gdn_tree_recurrence.py`` compare
+against).
 
 Same contract as ``tree_recurrence.tree_gated_delta_rule`` on a ``tree_paths`` table (module
 docstring there), float32 inside; with ``SGLANG`` set, the contract of the walk's SGLang mode
-(``triton_tree_recurrence``, ``sglang_verify.gdn_tree_verify``; entry
-``sglang_verify.gdn_tree_verify_wy``). Not wired into the verify path: a candidate to time against
-the walk with ``benchmarks/gdn_tree_recurrence.py --wy``.
+(``triton_tree_recurrence``, ``sglang_verify.gdn_tree_verify``): entry
+``sglang_verify.gdn_tree_verify_wy``, which the patched verify calls (patch 0002).
 
 The math (the torch core's, written as matrices over the ``N`` nodes of one request and value
 head): with ``gamma_i`` the sum of ``g`` along node ``i``'s root path and ``M[i, s]`` set when
@@ -19,31 +20,34 @@ head): with ``gamma_i`` the sum of ``g`` along node ``i``'s root path and ``M[i,
 
 Padding rows (``paths[b, i, 0] < 0``) are on no path, get ``R_i = 0`` and output zeros.
 
-Two launches, modest tiles (after fla's chunked gated delta rule: ``chunk_scaled_dot_kkt``,
-``solve_tril``, ``wy_fast``, ``chunk_o``), with the ``N`` nodes padded to ``BN``, a multiple of
-``BT = 16``, and one float32 scratch row per request and value head (:func:`tree_wy_scratch`):
+Three launches (after fla's chunked gated delta rule: ``chunk_scaled_dot_kkt``, ``solve_tril``,
+``chunk_o``), with the ``N`` nodes padded to ``BN`` (a power of two, at least ``BT = 16``) and one
+float32 scratch row per request and value head (:func:`tree_wy_scratch`):
 
-- ``_wy_kkt_kernel``, one program per (16-row block ``i``, request x value head): each node's
-  ``gamma`` (one gather of ``g`` over its path row), then for every column block ``j <= i`` the
-  ``[16, 16]`` blocks of ``A`` and ``QK`` (``tl.dot`` over ``K`` in IEEE float32, the ancestor mask
-  read from the path table as ``M[i, s] = paths[i, depth_s] == s``). The diagonal block of ``A``
-  is replaced by ``(I + A_ii)^{-1}``, formed by forward substitution in registers. Writes ``A``,
-  ``QK`` ``[BN, BN]`` (lower blocks only) and ``gamma`` ``[BN]`` into the scratch row.
-- ``_wy_out_kernel``, one program per (value tile of ``BV`` columns, request x value head), its
-  ``[K, BV]`` tile of ``S_0`` in registers: block by block, ``R_i`` minus ``A_ij U_j`` over the
-  earlier blocks, ``U_i = (I + A_ii)^{-1} (...)`` (a block forward substitution: ``ceil(N / 16)``
-  dependent steps instead of ``N``), stored to the scratch row's ``U`` ``[BN, V]`` for the later
-  blocks (barrier), and ``O_i`` from the same loads.
+- ``_wy_kkt_kernel``, one program per lower ``[16, 16]`` block ``(i, j)`` and request x value head:
+  the rows' and columns' ``gamma`` (one gather of ``g`` over their path rows), the blocks of ``A``
+  and ``QK`` (``tl.dot`` over 32-column slices of ``K``; the ancestor mask read from the path table
+  as ``M[i, s] = paths[i, depth_s] == s``). A diagonal block stores ``(I + A_ii)^{-1}`` (six
+  products, ``_unit_lower_inverse``) and its nodes' ``gamma``, ``beta`` and key / query norms.
+- ``_wy_solve_kernel`` (``BN > 16``), one program per request x value head: the off-diagonal
+  blocks of ``T = (I + A)^{-1}``, block row by block row (``BN / 16 - 1`` dependent steps of
+  ``[16, 16]`` products, no value columns).
+- ``_wy_out_kernel``, one program per value tile of ``BV`` columns and request x value head, all
+  ``BN`` nodes at once: ``S_0^T k`` and ``S_0^T q`` over ``K`` slices of the pool row, ``R``,
+  ``U = T R`` and ``O = e^gamma S_0^T q + QK U``: no dependent steps, ``U`` never leaves registers.
 
-With ``SGLANG`` both launches read SGLang's raw inputs, like the walk's SGLang mode: the conv
+Every ``tl.dot`` runs in ``WY_DOT_PRECISION`` (``tf32x3``: tensor cores, about float32's
+accuracy; on the H200 the outputs met the torch core to 1.3e-7 at the 27B shape,
+``benchmarks/results/e2e_h200/session20/``).
+
+With ``SGLANG`` the launches read SGLang's raw inputs, like the walk's SGLang mode: the conv
 output's q/k/v, the gate inputs ``a``, ``b`` (``g = _sglang_g(a)``, ``beta = _sglang_beta(b)``,
 the walk's functions) and the pool row ``cache_indices[b]`` (``< 0``: a padding request, which
 gets zero outputs and reads and writes nothing else); the output is in the activation dtype. The
-q/k l2-norm and the ``K^-0.5`` scale are applied in the walk's order: the kkt launch multiplies its
-row block's ``q``, ``k`` by their inverse norms (``q`` then by the scale) before the products and
-the column block's products by the columns' inverse norms after them (as the walk's
-``_tree_prep_kernel`` does with a node's ancestors); the output launch normalises and scales its
-rows as the walk's node loop does. With ``RING`` they store what the walk stores into the
+q/k l2-norm and the ``K^-0.5`` scale are applied to the products: the kkt launch scales its
+blocks by the rows' and columns' inverse norms (summed over the same ``K`` slices) and stores the
+rows' for the output launch, which scales ``S_0^T k`` and ``S_0^T q`` by them. With ``RING`` they
+store what the walk stores into the
 ReplaySSM ring at column = node index: the kkt launch each node's ``g``, ``beta`` and (one program
 per key head) its raw pre-norm ``k``, the output launch its raw ``v``.
 
@@ -62,22 +66,22 @@ from .triton_tree_recurrence import _sglang_beta, _sglang_g
 #: Rows per block of the solve (``tl.dot``'s smallest tile).
 BT = 16
 
-#: The output launch's value tile: on the H200 (one Qwen3.6-27B GDN layer, bs 1-32, N 16 and 64)
-#: 64 columns was the fastest of 16, 32 and 64 in every cell, bs 1 included, where more, narrower
-#: programs had been expected to win.
-WY_BLOCK_V = 16
+#: The output launch's value tile and warps: on the H200 (one Qwen3.6-27B GDN layer, bs 1-32,
+#: N 16 and 64, session 20) 32 columns on 4 warps was the fastest of (32 | 64 columns) x (4 | 8
+#: warps) in every cell.
+WY_BLOCK_V = 32
 
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
 
-#: Warps per program of the output launch.
-WY_WARPS = 8
+WY_WARPS = 4
 
-#: The output launch's ``tl.dot`` precision.
-WY_DOT_PRECISION = "ieee"
+#: Every launch's ``tl.dot`` precision: three tf32 tensor-core products per float32 product
+#: (IEEE float32 on the CUDA cores was 1.5-3x slower at the 27B shape, session 20).
+WY_DOT_PRECISION = "tf32x3"
 
-#: Warps per program of the kkt and solve launches (16 x 16 tiles).
-KKT_WARPS = 2
+#: Warps per program of the kkt and solve launches (16 x 16 tiles; 2 and 8 were no faster).
+KKT_WARPS = 4
 
 
 @triton.jit
@@ -145,7 +149,7 @@ def _ancestor_mask(paths_ptr, b, rows, cols, depth_c, N, W: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(a, BT: tl.constexpr):
+def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
     """``(I + a)^{-1}`` of a strictly lower triangular ``[16, 16]`` ``a``: ``a^16 = 0``, so the
     inverse is ``(I - a)(I + a^2)(I + a^4)(I + a^8)``, six products instead of 15 dependent
     substitution steps."""
@@ -154,8 +158,8 @@ def _unit_lower_inverse(a, BT: tl.constexpr):
     p = a
     tl.static_assert(BT == 16)
     for _ in tl.static_range(3):  # a^2, a^4, a^8
-        p = tl.dot(p, p, input_precision="ieee")
-        t += tl.dot(t, p, input_precision="ieee")
+        p = tl.dot(p, p, input_precision=PREC)
+        t += tl.dot(t, p, input_precision=PREC)
     return t
 
 
@@ -206,6 +210,7 @@ def _wy_kkt_kernel(
     BN: tl.constexpr,
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Block ``(i, j)``, ``j <= i``, of ``A`` and ``QK`` for one request x value head (grid: the
     ``nt (nt + 1) / 2`` lower blocks x requests*value heads, block ``p = i (i + 1) / 2 + j``). A
@@ -263,8 +268,8 @@ def _wy_kkt_kernel(
             mask=(cols[None, :] < N) & (offs_k < DK)[:, None],
             other=0.0,
         ).to(tl.float32)
-        kk += tl.dot(k_i, k_jt, input_precision="ieee")
-        qk += tl.dot(q_i, k_jt, input_precision="ieee")
+        kk += tl.dot(k_i, k_jt, input_precision=PREC)
+        qk += tl.dot(q_i, k_jt, input_precision=PREC)
         if SGLANG:
             ss_kr += tl.sum(k_i * k_i, 1)
             ss_qr += tl.sum(q_i * q_i, 1)
@@ -292,7 +297,7 @@ def _wy_kkt_kernel(
     out = rows[:, None] * BN + cols[None, :]
     tl.store(qk_ptr + out, tl.where(on_path, decay * qk, 0.0))
     if diag:
-        tl.store(t_ptr + out, _unit_lower_inverse(a, BT))
+        tl.store(t_ptr + out, _unit_lower_inverse(a, BT, PREC))
         tl.store(gam_ptr + rows, gam_r)
         tl.store(beta_s_ptr + rows, beta_r)
         tl.store(ik_ptr + rows, inv_k)
@@ -309,7 +314,13 @@ def _wy_kkt_kernel(
 
 @triton.jit
 def _wy_solve_kernel(
-    scr_ptr, s0_rows_ptr, HV: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, SGLANG: tl.constexpr
+    scr_ptr,
+    s0_rows_ptr,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    BN: tl.constexpr,
+    SGLANG: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """``T = (I + A)^{-1}`` of one request x value head from the kkt launch's blocks (grid:
     requests*value heads): ``T_ij = -T_ii sum_{j <= m < i} A_im T_mj`` block row by block row,
@@ -328,10 +339,10 @@ def _wy_solve_kernel(
             for m in range(j, i):
                 a_im = tl.load(t_ptr + rows[:, None] * BN + (m * BT + r)[None, :])
                 t_mj = tl.load(t_ptr + (m * BT + r)[:, None] * BN + (j * BT + r)[None, :])
-                x += tl.dot(a_im, t_mj, input_precision="ieee")
+                x += tl.dot(a_im, t_mj, input_precision=PREC)
             tl.store(
                 t_ptr + rows[:, None] * BN + (j * BT + r)[None, :],
-                -tl.dot(t_ii, x, input_precision="ieee"),
+                -tl.dot(t_ii, x, input_precision=PREC),
             )
         tl.debug_barrier()  # the next block rows read this row's T
 
@@ -550,6 +561,7 @@ def launch_wy_kernels(
         scale,
         n,
         BW=triton.next_power_of_2(width),
+        PREC=WY_DOT_PRECISION,
         num_warps=KKT_WARPS,
         **consts,
     )
@@ -561,6 +573,7 @@ def launch_wy_kernels(
             BT=BT,
             BN=bn,
             SGLANG=sglang is not None,
+            PREC=WY_DOT_PRECISION,
             num_warps=KKT_WARPS,
         )
     bv = choose_wy_block_v(dv, block_v)
