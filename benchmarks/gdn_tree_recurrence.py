@@ -18,12 +18,13 @@ budget N - 1, random logits):
   ancestors' keys once per key head, then the tree kernel); its value tile ``BV`` chosen from
   ``bs * Hv`` (``triton_tree_recurrence.choose_block_v``); ``--sweep`` also times every ``BV`` in
   4..32 with 1, 2 and 4 warps and prints the best;
-* **WY** (``--wy``) -- the blocked-WY candidate ``triton_tree_wy.tree_gated_delta_rule_wy`` on the
-  unfused kernel's inputs and path table (compare ``wy_us`` with ``unfused kernel µs``, the walk on
-  the same inputs: the ``WY/unfused kernel`` column); ``--sweep`` also times it at BV 16, 32, 64.
-  Its SGLang mode, ``sglang_verify.gdn_tree_verify_wy``, on the fused kernel's inputs with a ring
+* **WY** (``--wy``) -- the kernels the patched verify runs (``triton_tree_wy``):
+  ``tree_gated_delta_rule_wy`` on the unfused kernel's inputs and path table (compare ``wy_us``
+  with ``unfused kernel µs``, the walk on the same inputs: the ``WY/unfused kernel`` column), and
+  the SGLang mode, ``sglang_verify.gdn_tree_verify_wy``, on the fused kernel's inputs with a ring
   of its own (compare ``WY fused µs`` with ``ours fused µs``: the ``WY fused/ours fused`` column;
-  ``WY scratch MB/req`` is its scratch: ``A``, ``QK``, ``gamma``, ``U`` per value head);
+  ``WY scratch MB/req`` is its scratch: ``T``, ``QK`` and four node vectors per value head);
+  ``--sweep`` also times the SGLang mode at BV 32, 64 x 4, 8 warps;
 * **ours unfused** (the session-3 column, kept for comparison) -- ``prep`` (gating, q/k l2-norm,
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
@@ -111,7 +112,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) ->
 
 
 SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
-WY_SWEEP = (16, 32, 64)  # the WY candidate's value tiles (tl.dot needs >= 16)
+WY_SWEEP = [(bv, warps) for bv in (32, 64) for warps in (4, 8)]  # WY output launch: BV x warps
 
 
 def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
@@ -228,14 +229,14 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
             wy_scratch_width,
         )
 
-        def wy_call(bv=None):
-            return tree_gated_delta_rule_wy(q, k, v, g, beta, paths, s0, block_v=bv)
+        def wy_call():
+            return tree_gated_delta_rule_wy(q, k, v, g, beta, paths, s0)
 
         wy["wy_o"] = wy_call()
         wy_ring = tuple(torch.zeros_like(x) for x in ring)
         wy_scratch = tree_wy_scratch(bs, n, HV, device)
 
-        def wy_fused():
+        def wy_fused(bv=None, warps=None):
             return gdn_tree_verify_wy(
                 fq,
                 fk,
@@ -250,6 +251,8 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
                 wy_scratch,
                 ring=wy_ring,
                 ring_rows=ring_rows,
+                block_v=bv,
+                num_warps=warps,
             )
 
         wy["wy_fused_o"] = wy_fused().view(bs, n, HV, dv)
@@ -304,8 +307,10 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         wy["wy_scratch_mb"] = HV * wy_scratch_width(n) * 4 / 2**20
         wy["wy_sweep_us"] = {}
         if args.sweep:
-            for bv in WY_SWEEP:
-                wy["wy_sweep_us"][f"BV{bv}"] = time_us(lambda bv=bv: wy_call(bv), device, args.reps)
+            for bv, warps in WY_SWEEP:
+                wy["wy_sweep_us"][f"BV{bv}/w{warps}"] = time_us(
+                    lambda bv=bv, warps=warps: wy_fused(bv, warps), device, args.reps
+                )
     sweep = {}
     if args.sweep:
         for bv, warps in SWEEP:
@@ -395,6 +400,7 @@ def run(args) -> int:
     import triton  # after main() has set TRITON_INTERPRET for the CPU
 
     from benchmarks.gdn_verify import load_kernels
+    from sglang_spec.gdn import triton_tree_wy
 
     device = torch.device(args.device)
     kern = load_kernels()
@@ -433,18 +439,14 @@ def run(args) -> int:
             print(f"| {r['bs']} | {r['N']} | " + " | ".join(cells) + " |")
         if args.wy:
             print(
-                "\n# WY candidate µs per value tile; * = the default choice; walk = unfused kernel"
+                "\n# WY SGLang mode µs per (BV, warps); * = the default choice; walk = ours fused"
             )
-            names = [f"BV{bv}" for bv in WY_SWEEP]
+            names = [f"BV{bv}/w{w}" for bv, w in WY_SWEEP]
             print("| bs | N | walk | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 3))
             for r in results:
-                mark = f"BV{r['wy_bv']}"
+                mark = f"BV{r['wy_bv']}/w{triton_tree_wy.WY_WARPS}"
                 cells = [f"{r['wy_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]
-                print(
-                    f"| {r['bs']} | {r['N']} | {r['ours_kernel_us']:.1f} | "
-                    + " | ".join(cells)
-                    + " |"
-                )
+                print(f"| {r['bs']} | {r['N']} | {r['fused_us']:.1f} | " + " | ".join(cells) + " |")
     print(f"\n# per request over the {GDN_LAYERS_27B} GDN layers of the 27B shape (GB)")
     print("| N | SGLang intermediate_ssm | ours per-node records |\n|---|---|---|")
     for n in args.widths:
