@@ -199,18 +199,22 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     )
     paths32 = paths.to(torch.int32).contiguous()
 
+    sglang_args = (
+        fq,
+        fk,
+        fv,
+        c["a"],
+        c["b"],
+        c["A_log"],
+        c["dt_bias"],
+        ssm_pool,
+        c["cache_indices"],
+        paths32,
+    )
+
     def fused(bv=None, warps=None):
         return gdn_tree_verify(
-            fq,
-            fk,
-            fv,
-            c["a"],
-            c["b"],
-            c["A_log"],
-            c["dt_bias"],
-            ssm_pool,
-            c["cache_indices"],
-            paths32,
+            *sglang_args,
             *scratch,
             ring=ring,
             ring_rows=ring_rows,
@@ -238,16 +242,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
 
         def wy_fused(bv=None, warps=None):
             return gdn_tree_verify_wy(
-                fq,
-                fk,
-                fv,
-                c["a"],
-                c["b"],
-                c["A_log"],
-                c["dt_bias"],
-                ssm_pool,
-                c["cache_indices"],
-                paths32,
+                *sglang_args,
                 wy_scratch,
                 ring=wy_ring,
                 ring_rows=ring_rows,

@@ -1,13 +1,13 @@
-"""Patch 0002 (GDN tree ReplaySSM, verify side) and its integration kernel, on the CPU.
+"""Patch 0002 (GDN tree ReplaySSM, verify side) and its kernels (``gdn_tree_verify_wy``), on the CPU.
 
 ``gdn_sglang_verify_cases.py`` runs in a child process under ``TRITON_INTERPRET=1`` with a patched
 copy of each pin that carries the patch (the installed SGLang 0.5.23, the 0.5.22 wheel;
 ``patched_sglang.py``) first on ``sys.path`` and returns raw results on one random case: 4 requests of a 10-slot tree (padding slots, depth <= 6), request 1 a
 padding request (``cache_indices = -1``), GQA 1:3, q/k/v and a/b strided views of one projection
-each, two value tiles per head, a path table two columns wider than the deepest path and a ring
-two columns wider than the tree. Checked here:
+each, a value dim (8) narrower than the value tile, a NaN-filled scratch, a path table two columns
+wider than the deepest path and a ring two columns wider than the tree. Checked here:
 
-* the integration kernel = SGLang's gating + division-form l2-norm + ``K^-0.5`` scale in torch,
+* the WY kernels' SGLang mode = SGLang's gating + division-form l2-norm + ``K^-0.5`` scale in torch,
   then ``tree_gated_delta_rule`` (the torch core) from the pool rows ``cache_indices[b]``
   (<= 1e-5); zero outputs for padding slots and the padding request; the pool untouched;
 * its ring = the ring SGLang's own recurrent kernel stores for the same tokens, bit for bit (raw
@@ -15,8 +15,9 @@ two columns wider than the tree. Checked here:
   padding request's row untouched;
 * SGLang's released fold kernel replaying a path from that ring = ``replay_path_state`` on the
   path (<= 1e-5): the ring holds what the fold expects per step;
-* the patched ``_replayssm_fold_target_verify`` returns the integration kernel's outputs and ring,
-  bit for bit; a verify input without ``retrieve_tree_paths`` is refused in one line;
+* the patched ``_replayssm_fold_target_verify`` returns the WY kernels' outputs and ring, bit for
+  bit; a verify input without ``retrieve_tree_paths``, the walk's key-product rows and the WY
+  scratch of another shape are refused in one line;
 * the patched ``update_verify_buffers_to_fill_after_draft`` copies the verify input's paths into
   the captured graph buffer (same address), and ``TreeVerifyTables`` keeps its scratch's and its
   key-product rows' addresses once graphs exist (the rows sized at the first capture).
@@ -32,9 +33,14 @@ import torch.nn.functional as F
 from patched_sglang import GDN_TREE_PINS, gdn_fold, patched_copy, run_cases
 
 from sglang_spec.gdn import replay_path_state, tree_gated_delta_rule
-from sglang_spec.gdn.sglang_verify import TreeVerifyTables, gdn_tree_verify, replayssm_tree_verify
+from sglang_spec.gdn.sglang_verify import (
+    TreeVerifyTables,
+    gdn_tree_verify,
+    gdn_tree_verify_wy,
+    replayssm_tree_verify,
+)
 from sglang_spec.gdn.triton_tree_recurrence import tree_prep_scratch, tree_scratch
-from sglang_spec.gdn.triton_tree_wy import wy_scratch_width
+from sglang_spec.gdn.triton_tree_wy import launch_wy_kernels, tree_wy_scratch, wy_scratch_width
 
 TOL = 1e-5
 
@@ -231,12 +237,11 @@ def test_verify_tree_paths_gives_the_batchs_rows_or_refuses_none():
         verify_tree_paths(None, 2)
 
 
-def test_tree_verify_refuses_prep_rows_of_another_shape():
-    """The key-product rows must match the path table's width and the key heads; checked before
-    any launch, in one line naming both shapes."""
-    bs, n, w, hk, hv, dk, dv = 2, 3, 4, 1, 3, 8, 4
+def zero_verify_args(bs, n, w, hk, hv, dk, dv) -> tuple:
+    """Zero SGLang tensors of a verify of ``bs`` trees of ``n`` nodes (path width ``w``): the
+    verify functions' arguments up to the path table."""
     qk = torch.zeros(1, bs * n, hk, dk)
-    args = (
+    return (
         qk,
         qk,
         torch.zeros(1, bs * n, hv, dv),
@@ -247,8 +252,14 @@ def test_tree_verify_refuses_prep_rows_of_another_shape():
         torch.zeros(bs, hv, dv, dk),
         torch.zeros(bs, dtype=torch.int32),
         torch.zeros(bs, n, w, dtype=torch.int32),
-        tree_scratch(bs * n, hv, dv, "cpu"),
     )
+
+
+def test_tree_verify_refuses_prep_rows_of_another_shape():
+    """The key-product rows must match the path table's width and the key heads; checked before
+    any launch, in one line naming both shapes."""
+    bs, n, w, hk, hv, dk, dv = 2, 3, 4, 1, 3, 8, 4
+    args = (*zero_verify_args(bs, n, w, hk, hv, dk, dv), tree_scratch(bs * n, hv, dv, "cpu"))
     for prep in (
         tree_prep_scratch(bs * n, hk, w + 1, "cpu"),  # another width
         tree_prep_scratch(bs * n, hk + 1, w, "cpu"),  # another key head count
@@ -256,3 +267,32 @@ def test_tree_verify_refuses_prep_rows_of_another_shape():
     ):
         with pytest.raises(ValueError, match=r"prep must be contiguous float32 \[>= 6, 1, 11\]"):
             gdn_tree_verify(*args, prep)
+
+
+def test_wy_verify_refuses_a_scratch_of_another_shape():
+    """The WY scratch must fit the tree's N and the value heads; checked before any launch, in one
+    line naming both shapes. The ring stores need the SGLang mode."""
+    bs, n, w, hk, hv, dk, dv = 2, 17, 4, 1, 3, 16, 16
+    args = zero_verify_args(bs, n, w, hk, hv, dk, dv)
+    for scratch in (
+        tree_wy_scratch(bs, 16, hv, "cpu"),  # one 16-row block too few
+        tree_wy_scratch(bs, n, hv + 1, "cpu"),
+        tree_wy_scratch(bs - 1, n, hv, "cpu"),
+        tree_wy_scratch(bs, n, hv, "cpu").double(),
+    ):
+        with pytest.raises(
+            ValueError, match=r"scratch must be contiguous float32 \[>= 2, 3, 2176\]"
+        ):
+            gdn_tree_verify_wy(*args, scratch)
+    q = args[0].view(bs, n, hk, dk)
+    with pytest.raises(ValueError, match="the ring stores are the SGLang mode's"):
+        launch_wy_kernels(
+            q,
+            q,
+            *args[2:5],
+            args[9],
+            args[7],
+            tree_wy_scratch(bs, n, hv, "cpu"),
+            args[2],
+            ring=(q,) * 5,
+        )

@@ -3,8 +3,9 @@
 ``tree_gdn`` runs one transformers GDN layer over a draft tree and commits the accepted node's states;
 ``hf_cache`` reads/writes those states in transformers' hybrid cache and patches a whole model for a
 tree verify forward. ``tree_recurrence`` is the recurrence alone without a state per node
-(``tree_gated_delta_rule``, ``replay_path_state``; Triton kernels on CUDA in ``triton_tree_recurrence``),
-the core of verifying a tree with SGLang's ReplaySSM-style caching (docs/gdn-tree-caching.md).
+(``tree_gated_delta_rule``, ``replay_path_state``; Triton kernels on CUDA in ``triton_tree_recurrence``,
+and the blocked-WY solve the patched SGLang verify runs in ``triton_tree_wy``), the core of verifying
+a tree with SGLang's ReplaySSM-style caching (docs/gdn-tree-caching.md).
 """
 
 from .hf_cache import GDNTreeVerifier, is_gdn_layer, read_committed_states, write_committed_states

@@ -2,24 +2,25 @@
 
 With ``--enable-linear-replayssm-spec`` and a draft tree (patch 0003 makes the pool allocate the
 ReplaySSM ring for it), SGLang's GDN backend verifies the tree without per-node recurrent states:
-one launch of the integration kernel (``triton_tree_recurrence._tree_kernel`` with ``SGLANG`` and
-``RING``, after ``_tree_prep_kernel`` formed each node's key products once per key head) reads the
-conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows ``ssm_states[cache_indices[b]]``
-and the request's root-first path table, writes the layer's core output in the activation dtype
-and each node's raw inputs into the ring, which the commit (patch 0003) replays along the accepted
-path.
+the WY kernels' SGLang mode (``triton_tree_wy``: the tree as one triangular solve, three launches)
+read the conv output's q/k/v, the gate inputs ``a``, ``b``, the pool rows
+``ssm_states[cache_indices[b]]`` and the request's root-first path table, write the layer's core
+output in the activation dtype and each node's raw inputs into the ring, which the commit (patch
+0003) replays along the accepted path.
 
-* :func:`gdn_tree_verify` -- the kernel on SGLang's tensors (validated, one-line errors);
-* :func:`gdn_tree_verify_wy` -- the same verify by the blocked-WY kernels (``triton_tree_wy``):
-  same arguments but its scratch, same output and ring; a candidate to time, called by nothing in
-  the patched verify;
+* :func:`gdn_tree_verify_wy` -- the verify the patched backend runs (validated, one-line errors);
+* :func:`gdn_tree_verify` -- the same verify by the node-by-node walk
+  (``triton_tree_recurrence._tree_kernel`` with ``SGLANG`` and ``RING``, after
+  ``_tree_prep_kernel``): same output and ring; the independent Triton form the tests and
+  ``benchmarks/gdn_tree_recurrence.py`` compare the WY kernels against (0.31-0.63x its time on the
+  H200, ``benchmarks/results/e2e_h200/session20/``);
 * :func:`replayssm_tree_verify` -- what the patched ``GDNAttnBackend._replayssm_fold_target_verify``
   calls for a tree;
 * :func:`verify_tree_paths` -- the step's path table for the patched verify's tree conv and tree
-  kernel (a one-line error when the verify input has none);
+  kernels (a one-line error when the verify input has none);
 * :class:`TreeVerifyTables` -- the per-backend state the patched ``MambaAttnBackendBase`` keeps: the
   CUDA-graph buffers of ``retrieve_tree_paths`` (one per captured batch size, refreshed at replay)
-  and the kernels' scratch and key-product rows, shared by all layers of a step.
+  and the WY scratch per tree width, shared by all layers of a step.
 
 ``retrieve_tree_paths`` (``[bs, N, W]`` int32, ``W`` = tree horizon + 1, row i = node i's root-first
 path padded with -1) comes from the verify input (``spec_info.retrieve_tree_paths``, set by the
@@ -98,6 +99,30 @@ def _check_verify_inputs(
     return bs, n, hk, dk, hv, dv
 
 
+def _kernel_call(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths, ring, ring_rows):  # noqa: N803
+    """What both verify forms hand their launcher: the inputs as ``[bs, N, ...]`` views with the
+    pool as ``[slots, Hv, K, V]``, the ``[1, T, Hv, V]`` output in q's dtype, and the SGLang mode
+    (gates, scale, pool rows, ring)."""
+    bs, n, _ = paths.shape
+    hk, dk = q.shape[2:]
+    hv, dv = v.shape[2:]
+    inputs = (
+        q.view(bs, n, hk, dk),
+        k.view(bs, n, hk, dk),
+        v.view(bs, n, hv, dv),
+        a.view(bs, n, hv),
+        b.view(bs, n, hv),
+        paths,
+        ssm_states.transpose(-1, -2),
+    )
+    o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
+    mode = dict(
+        sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
+        ring=None if ring is None else (*ring, ring_rows),
+    )
+    return inputs, o, mode
+
+
 def gdn_tree_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -128,7 +153,7 @@ def gdn_tree_verify(
     ``N' >= N`` and ``ring_rows [>= bs]`` (rows of ``R``) add the ring stores: column i of request
     b's row holds node i's raw ``k``, ``v`` and its ``g``, ``beta`` (fp32).
     """
-    bs, n, hk, dk, hv, dv = _check_verify_inputs(
+    bs, n, hk, _, hv, dv = _check_verify_inputs(
         q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
     )
     width = paths.shape[2]
@@ -152,23 +177,10 @@ def gdn_tree_verify(
             f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(width)}] "
             f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
         )
-    o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
-    launch_tree_kernel(
-        q.view(bs, n, hk, dk),
-        k.view(bs, n, hk, dk),
-        v.view(bs, n, hv, dv),
-        a.view(bs, n, hv),
-        b.view(bs, n, hv),
-        paths,
-        ssm_states.transpose(-1, -2),
-        scratch,
-        prep,
-        o,
-        sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
-        ring=None if ring is None else (*ring, ring_rows),
-        block_v=block_v,
-        num_warps=num_warps,
+    inputs, o, mode = _kernel_call(
+        q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths, ring, ring_rows
     )
+    launch_tree_kernel(*inputs, scratch, prep, o, **mode, block_v=block_v, num_warps=num_warps)
     return o
 
 
@@ -189,11 +201,11 @@ def gdn_tree_verify_wy(
     block_v: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
-    """:func:`gdn_tree_verify` by the blocked-WY kernels (``triton_tree_wy``): the same arguments,
-    output and ring stores, but one ``scratch`` from ``tree_wy_scratch`` with ``>= bs`` requests
-    for these ``N`` and ``Hv``, ``V``; ``block_v`` (a power of two >= 16) overrides the output
-    launch's value tile. Not called by the patched verify."""
-    bs, n, hk, dk, hv, dv = _check_verify_inputs(
+    """:func:`gdn_tree_verify` by the WY kernels (``triton_tree_wy``), as the patched verify runs
+    it: the same arguments, output and ring stores, but one ``scratch`` from ``tree_wy_scratch``
+    with ``>= bs`` requests for this ``N`` and ``Hv``; ``block_v`` (a power of two >= 16) and
+    ``num_warps`` override the output launch's value tile and warps."""
+    bs, n, _, _, hv, _ = _check_verify_inputs(
         q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
     )
     width = wy_scratch_width(n)
@@ -208,22 +220,10 @@ def gdn_tree_verify_wy(
             f"scratch must be contiguous float32 [>= {bs}, {hv}, {width}] (tree_wy_scratch for "
             f"N = {n}); got {scratch.dtype} {tuple(scratch.shape)}"
         )
-    o = torch.empty(1, bs * n, hv, dv, dtype=q.dtype, device=q.device)
-    launch_wy_kernels(
-        q.view(bs, n, hk, dk),
-        k.view(bs, n, hk, dk),
-        v.view(bs, n, hv, dv),
-        a.view(bs, n, hv),
-        b.view(bs, n, hv),
-        paths,
-        ssm_states.transpose(-1, -2),
-        scratch,
-        o,
-        sglang=(A_log, dt_bias, cache_indices, dk**-0.5),
-        ring=None if ring is None else (*ring, ring_rows),
-        block_v=block_v,
-        num_warps=num_warps,
+    inputs, o, mode = _kernel_call(
+        q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths, ring, ring_rows
     )
+    launch_wy_kernels(*inputs, scratch, o, **mode, block_v=block_v, num_warps=num_warps)
     return o
 
 

@@ -25,8 +25,9 @@ built once per verify step with a fixed width (``tree_paths(parents, width=horiz
   ``[bs * N, Hv, V + 2]`` float32: ``u`` in the first ``V`` columns, then the node's ``g`` and
   ``gamma``.
 
-  With ``SGLANG`` set it is the integration kernel of SGLang's tree verify
-  (``sglang_verify.gdn_tree_verify``): it reads SGLang's raw inputs instead of prepared ones -- the
+  With ``SGLANG`` set it is the walk form of SGLang's tree verify (``sglang_verify.gdn_tree_verify``;
+  the patched verify ran it until session 20 and now runs ``triton_tree_wy``, which the tests and
+  ``benchmarks/gdn_tree_recurrence.py --wy`` compare with it): it reads SGLang's raw inputs instead of prepared ones -- the
   conv output's q/k/v, the gate inputs ``a``, ``b`` with ``A_log``, ``dt_bias`` -- and forms the
   gates, the q/k l2-norm and the ``K^-0.5`` scale in-kernel with the operations, in the order,
   of SGLang's recurrent kernel (``fused_sigmoid_gating_recurrent.py``); the initial state is the
