@@ -41,7 +41,7 @@ Checks, every cell (a failure makes the script exit 1 after the table):
   gating, <= 1e-5);
 * ``vs SGLang``: our outputs against SGLang's tree-mode outputs (bf16), max |diff| / (1e-4 + 2^-7 |x|)
   <= 1 (one bf16 rounding step: SGLang rounds its float32 result to the activation dtype);
-* ``wy`` (``--wy``): the WY candidate against the same torch core, max |diff| <= 1e-4; its SGLang
+* ``wy`` (``--wy``): the WY kernels' plain mode against the same torch core, max |diff| <= 1e-4; its SGLang
   mode's outputs against the fused kernel's, max |diff| / (1e-4 + 2^-7 |x|) <= 1, and its ring equal
   to the fused kernel's bit for bit;
 * ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
@@ -63,7 +63,7 @@ CPU smoke run (Triton interpreter, tiny heads, fp32, bs 1, N 17; ~1 min)::
 
     .venv/bin/python benchmarks/gdn_tree_recurrence.py --device cpu --tiny
 
-The WY candidate against the walk, same run (H200)::
+The WY kernels (the patched verify's) against the walk, same run (H200)::
 
     $SGLANG_KIT_PYTHON -m benchmarks.gdn_tree_recurrence --wy --sweep --widths 16 64 --json /tmp/gdn_wy.json
 """
@@ -485,7 +485,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--wy",
         action="store_true",
-        help="also time and check the blocked-WY candidate (triton_tree_wy) against the walk",
+        help="also time and check the WY kernels (triton_tree_wy, the verify's) against the walk",
     )
     args = p.parse_args(argv)
     if args.device == "cpu":

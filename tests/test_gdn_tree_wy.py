@@ -1,4 +1,4 @@
-"""``sglang_spec.gdn.triton_tree_wy`` (the blocked-WY candidate) under ``TRITON_INTERPRET=1`` (child
+"""``sglang_spec.gdn.triton_tree_wy`` (the GDN tree verify's kernels) under ``TRITON_INTERPRET=1`` (child
 processes, as Triton reads the variable at import; the two run side by side).
 
 1. ``tree_gated_delta_rule_wy`` against the torch core of ``tree_gated_delta_rule``, to 1e-5 max
@@ -6,14 +6,14 @@ processes, as Triton reads the variable at import; the two run side by side).
    blocks with padding rows past N, padding slots between real nodes), a 64-node chain (every
    earlier node an ancestor: the densest mask, deepest path) and a 64-node star (only the root is
    an ancestor); bs 2, GQA with Hv = 2 Hk; the 27B head dims K = V = 128 (four 32-column K slices,
-   two value tiles), and K, V not powers of two; strided q/k views of one projection; a path table
+   four value tiles), and K, V not powers of two; strided q/k views of one projection; a path table
    wider than the deepest path.
 2. Its SGLang mode, ``sglang_verify.gdn_tree_verify_wy``, against the walk's,
    ``gdn_tree_verify``, on the same SGLang tensors: random trees at N in {1, 5, 16, 17, 64} and a
    batch of a 64-node chain and a 64-node star; bs 3 with request 1 a padding request
    (``cache_indices`` -1); GQA Hv = 3 Hk with 1 and 2 key heads; q/k/v and a/b strided views of one
-   projection each; bf16 activations on an fp32 pool, and one fp32-activation case; one and two
-   value tiles, K = V = 128 once; the ring on (two columns wider than the tree) and off; a
+   projection each; bf16 activations on an fp32 pool, and one fp32-activation case; one, two and (at
+   K = V = 128, once) four value tiles; the ring on (two columns wider than the tree) and off; a
    NaN-filled scratch (every part is written before it is read). The outputs are within one
    rounding step of the activation dtype (bf16: 2^-7 relative, the interpreter rounding towards
    zero; fp32: 1e-5 relative; both plus 1e-5) of the walk's and of SGLang's prologue in torch

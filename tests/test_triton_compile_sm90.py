@@ -207,11 +207,12 @@ def _cubin_resources(asm: dict) -> tuple[dict, str]:
 
 @pytest.mark.parametrize("sglang_mode,ring", [(False, False), (True, False), (True, True)])
 def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
-    """The blocked-WY candidate (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
-    N = 64, W = 16) with the value tile its launcher picks (64), in every mode (SGLang's: bf16
-    q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack frame, no
-    local memory and no local stores (``STL``) in the SASS of either launch. Triton 3.6 only (the
-    H200's): Triton 3.8 spills the output kernel at the 32-wide tile (168 bytes) where 3.6 does not."""
+    """The verify's WY kernels (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
+    N = 64, W = 16) with the value tile and warps their launcher picks, in every mode (SGLang's:
+    bf16 q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack
+    frame, no local memory and no local stores (``STL``) in the SASS of any of the three launches.
+    Triton 3.6 only (the H200's): Triton 3.8 spills the kkt launch (24 bytes in the SGLang + ring
+    mode) where 3.6 does not."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
     from sglang_spec.gdn import triton_tree_wy as wy
