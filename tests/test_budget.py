@@ -203,9 +203,47 @@ def test_probes_cost_under_one_interval_th_of_the_time_at_any_cost_ratio():
     cost = {int(b): ms for b, ms in table["cost_ms"]["1"].items()}
     probing = sum(cost[b] for b in picks) / (len(picks) * cost[7]) - 1
     assert 0 < probing < 1 / 64
-    # the chosen budget is the largest: every probe_interval-th step is a plain step at it
+    # the chosen budget is the largest, which measures 15 but not 7 (< L): the probe is a step at
+    # 7, as cheap as the chosen one's, so every 64 x ceil(71.2 / 289.7) = 64 steps
     wide = _controller(table, tau={7: 1.0, 15: 1.0, 63: 9.0})
-    assert [wide.choose(1) for _ in range(128)] == [63] * 128
+    assert [wide.choose(1) for _ in range(128)] == ([63] * 63 + [7]) * 2
+
+
+def test_a_budget_past_the_horizon_still_probes_the_smaller_ones_and_leaves_a_noisy_choice():
+    """27B, C = 8, candidates {7, 31} (session 21): a step at 31 (chain-inclusive) does not
+    measure 7 (best-first). Warm-up measured 7 at 3.0 where its tau is 3.17, so 31 won by 1 %;
+    probing only the largest budget never measured 7 again and the bucket ran 31 for good. Probes
+    of 7 bring its tau back and the bucket moves to 7 once the gain passes the hysteresis."""
+    table = {"cost_ms": {"8": {"7": 33.9, "31": 44.7}}, "warmup_steps": 1, "probe_interval": 4}
+    ctl = BudgetController(BudgetPolicy.from_dict(table), horizon=L)
+    assert ctl.measured_by(31) == (31,) and ctl.measured_by(7) == (7,)
+    seen = []
+    for _ in range(80):
+        b = ctl.choose(8)
+        seen.append(b)
+        ctl.observe(b, [8 * {7: 3.0 if len(seen) == 1 else 3.4, 31: 4.0}[b]], 8)
+    # explored (7, then 31), then 31: 8 x 4 / 44.7 = 0.716 beats 8 x 3 / 33.9 = 0.708
+    assert seen[:5] == [7, 31, 31, 31, 31]
+    # a probe of 7 every 4 x ceil(33.9 / 44.7) = 4 steps moves tau(7) by ema_alpha of each
+    # reading, 3.0 -> 3.08 -> 3.144 -> 3.195: 8 x 3.195 / 33.9 = 0.754 passes 0.716 x 1.05 = 0.752
+    assert seen[5:14] == ([7] + [31] * 3) * 2 + [7]
+    # then 7, with 31 probed every 4 x ceil(44.7 / 33.9) = 8 steps
+    assert seen[14:38] == ([7] * 7 + [31]) * 3
+    assert ctl.tau[7] > 3.39
+
+
+def test_probes_take_turns_among_the_candidates_the_chosen_budget_does_not_measure():
+    """Without nesting (a simulated tau per budget) a step at 31 measures neither 7 nor 15:
+    each probe goes to the one measured longer ago, the larger first when neither was."""
+    table = {"cost_ms": {"4": {"7": 30.0, "15": 30.0, "31": 30.0}}, "probe_interval": 2}
+    ctl = BudgetController(BudgetPolicy.from_dict(table), horizon=L, nested=False)
+    picks = []
+    for _ in range(40):
+        b = ctl.choose(4)
+        picks.append(b)
+        ctl.observe(b, [4 * {7: 2.0, 15: 2.5, 31: 4.0}[b]], 4)
+    assert picks[:24] == [7] * 8 + [15] * 8 + [31] * 8  # warm-up: 8 steps each
+    assert picks[24:32] == [31, 7, 31, 15, 31, 7, 31, 15]  # every 2nd step a probe, in turns
 
 
 def test_observing_the_largest_budget_measures_the_bucket_at_once():

@@ -36,11 +36,17 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
   throughput is higher by more than this fraction, so noise in tau does not flap the width.
 * ``warmup_steps`` (default 8, >= 1): steps of evidence each candidate needs before the choice
   trusts its tau; until then the bucket runs the budget that measures it.
-* ``probe_interval`` (default 64, >= 0; 0 = never): once the bucket has chosen, one step at its
-  largest budget (which refreshes tau of every budget it measures) every ``probe_interval x
-  ceil(t(largest) / t(chosen))`` steps: the period grows with the probe's cost, so probing costs
+* ``probe_interval`` (default 64, >= 0; 0 = never): once the bucket has chosen, a probe keeps
+  the tau of the candidates the chosen budget's steps do not measure fresh: one step at the
+  largest budget that measures the least recently measured of them, every ``probe_interval x
+  ceil(t(probe) / t(chosen))`` steps. The period grows with the probe's cost, so probing costs
   under 1 / probe_interval of the bucket's time at any batch size (at a flat interval, a 27B
-  probe of budget 63 at C = 32, 4x the chosen budget 7's step, cost 5 % of the throughput).
+  probe of budget 63 at C = 32, 4x the chosen budget 7's step, cost 5 % of the throughput). A
+  chosen budget that measures every candidate needs no probe. Probing only the largest budget, as
+  before session 21, left a chosen budget at or above the horizon L blind to the smaller
+  candidates below L (whose best-first trees a chain-inclusive tree does not contain): one noisy
+  warm-up estimate then fixed the choice for good (27B, C = 8: budget 31 at 595 tokens/s where 7
+  served 622).
 
 Measuring tau: DDTree trees are nested. Slots are in selection order (best-first, the
 chain-inclusive tree's chain first), so the tree of budget b is the first ``b + 1`` slots of the
@@ -211,6 +217,8 @@ class BudgetController:
         self.cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
         self.tau: dict[int, float] = {}  # budget -> EMA of accepted tokens per request per step
         self.evidence: dict[int, int] = {}  # budget -> steps that measured it
+        self._measured_at: dict[int, int] = {}  # budget -> the observed step that last measured it
+        self._observed = 0  # observed (non-empty) steps
         self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe
 
@@ -261,19 +269,22 @@ class BudgetController:
         return self._probe_or(bucket, current)
 
     def _probe_or(self, bucket: int, current: int) -> int:
-        """The bucket's largest budget when its probe is due, else ``current`` (module docstring:
-        the period is ``probe_interval`` steps scaled by the probe's cost over ``current``'s)."""
+        """The probe when one is due, else ``current`` (module docstring: the probe is the largest
+        budget that measures the least recently measured candidate ``current`` does not measure;
+        its period is ``probe_interval`` steps scaled by its cost over ``current``'s)."""
         interval = self.policy.probe_interval
-        if not interval:
+        blind = [b for b in self.policy.cost_ms[bucket] if b not in self.measured_by(current)]
+        if not interval or not blind:
             return current
+        stalest = min(blind, key=lambda b: (self._measured_at.get(b, -1), -b))
+        probe = self._measuring_budget(bucket, stalest)
         costs = self.policy.cost_ms[bucket]
-        top = max(costs)
         since = self._since_probe.get(bucket, 0) + 1
-        if since < interval * math.ceil(costs[top] / costs[current]):
+        if since < interval * math.ceil(costs[probe] / costs[current]):
             self._since_probe[bucket] = since
             return current
         self._since_probe[bucket] = 0
-        return top
+        return probe
 
     # ---------------------------------------------------------------------- observation
     def observe(self, budget: int, accepted_sums: Sequence[float], num_requests: int) -> None:
@@ -288,10 +299,12 @@ class BudgetController:
         if num_requests <= 0:
             return
         a = self.policy.ema_alpha
+        self._observed += 1
         for b, total in zip(measured, accepted_sums, strict=True):
             x = float(total) / num_requests
             self.tau[b] = x if b not in self.tau else (1.0 - a) * self.tau[b] + a * x
             self.evidence[b] = self.evidence.get(b, 0) + 1
+            self._measured_at[b] = self._observed
 
 
 def accepted_tokens_within(accept_index, width: int, limits):
