@@ -42,10 +42,10 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
   ceil(t(probe) / t(chosen))`` steps. The period grows with the probe's cost, so probing costs
   under 1 / probe_interval of the bucket's time at any batch size (at a flat interval, a 27B
   probe of budget 63 at C = 32, 4x the chosen budget 7's step, cost 5 % of the throughput). A
-  chosen budget that measures every candidate needs no probe. Probing only the largest budget, as
-  before session 21, left a chosen budget at or above the horizon L blind to the smaller
-  candidates below L (whose best-first trees a chain-inclusive tree does not contain): one noisy
-  warm-up estimate then fixed the choice for good (27B, C = 8: budget 31 at 595 tokens/s where 7
+  chosen budget that measures every candidate needs no probe. Probing only the largest budget
+  would leave a chosen budget at or above the horizon L blind to the candidates below L (whose
+  best-first trees a chain-inclusive tree does not contain), so one noisy warm-up estimate would
+  fix the choice for good (the 27B shape at C = 8 ran budget 31 at 595 tokens/s that way, where 7
   served 622).
 
 Measuring tau: DDTree trees are nested. Slots are in selection order (best-first, the
