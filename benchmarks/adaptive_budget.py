@@ -32,23 +32,27 @@ BASELINES = ("AR", "NEXTN", "DFLASH")
 
 
 def step_costs(
-    records: list[dict], shape: str, one_batch: bool = True
+    records: list[dict], shape: str, one_batch: bool = True, field: str = "ms_per_step"
 ) -> dict[tuple[str, int | None], dict[int, float]]:
     """(algorithm, budget) -> {C: ms per step} of ``shape``'s plain one-GPU runs (no simulated
     acceptance, no profiling variant, TP 1), only where all C requests ran in one batch, unless not
     ``one_batch``: then also the levels that ran in rounds (C above the server's
     max_running_requests), whose ms per step (wall time / steps of the longest request) is what
-    serving C requests costs per step -- a baseline's served throughput, no budget's step cost."""
+    serving C requests costs per step -- a baseline's served throughput, no budget's step cost.
+    ``field`` "decode_ms_per_step" takes each step without the level's prefill, from the records
+    whose level timed it (``e2e.records``); the others are left out."""
     costs: dict[tuple[str, int | None], dict[int, float]] = {}
     for r in records:
         if r["shape"] != shape or r.get("variant") or r.get("simulated_accept_len") is not None:
+            continue
+        if field not in r:
             continue
         if (r.get("tp") or 1) != 1:
             continue
         if one_batch and r["concurrency"] > r["max_running_requests"]:
             continue
         key = (r["algorithm"], r["budget"])
-        costs.setdefault(key, {})[r["concurrency"]] = float(r["ms_per_step"])
+        costs.setdefault(key, {})[r["concurrency"]] = float(r[field])
     return costs
 
 
@@ -138,6 +142,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", help="write the settings and rows here")
     ap.add_argument("--write-config", help="write the DDTREE cost table as a budget config here")
     ap.add_argument(
+        "--decode",
+        action="store_true",
+        help="cost each step without the level's prefill (decode_ms_per_step; only the records "
+        "whose levels timed it)",
+    )
+    ap.add_argument(
         "--budgets",
         type=int,
         nargs="+",
@@ -151,8 +161,9 @@ def main(argv=None) -> dict:
         ap.error(f"--steps={args.steps} must be >= 1")
 
     records = json.load(open(args.scale))
-    costs = step_costs(records, args.shape)
-    served = step_costs(records, args.shape, one_batch=False)
+    field = "decode_ms_per_step" if args.decode else "ms_per_step"
+    costs = step_costs(records, args.shape, field=field)
+    served = step_costs(records, args.shape, one_batch=False, field=field)
     if args.budgets:
         have = sorted(b for a, b in costs if a == "DDTREE")
         if not set(args.budgets) <= set(have):
@@ -160,7 +171,8 @@ def main(argv=None) -> dict:
         costs = {k: v for k, v in costs.items() if k[0] != "DDTREE" or k[1] in args.budgets}
     table = cost_table(costs)
     if not table:
-        ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}")
+        timed = " whose levels timed their prefill (decode_ms_per_step)" if args.decode else ""
+        ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}{timed}")
     config = {"cost_ms": table}
     policy = BudgetPolicy.from_dict(config, "cost table")
     if args.write_config:

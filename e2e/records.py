@@ -5,7 +5,11 @@ the verify steps of its longest request (all requests of a level start together 
 length, so the longest one spans the level); an AR "step" is a decode forward
 (``completion_tokens - 1``: the first token comes from the prefill, as ``spec_verify_ct`` does not
 count it either). ``tokens_per_step`` is SGLang's ``sum(completion_tokens) / sum(spec_verify_ct)``
-(1 for AR); ``tokens_per_s`` is the level's output tokens over its wall time. ``budget`` is None for
+(1 for AR); ``tokens_per_s`` is the level's output tokens over its wall time. Optional
+``prefill_s`` is the wall time of the level's prefill alone (the harness times the same number of
+fresh prompts with one new token each), and ``decode_ms_per_step`` the level's wall time without
+it over the same steps: a decode step's cost, which ``ms_per_step`` mixes with the prefill spread
+over the level's steps (on the 27B shape at C = 8 and tau 3, about 9.5 of 40 ms). ``budget`` is None for
 AR / NEXTN / DFLASH; ``width`` is the verify width (1 for AR). Records of several calls merge by
 :func:`key`: a later record replaces an earlier one of the same server and level.
 """
@@ -50,14 +54,17 @@ def validate(rec: dict) -> dict:
         raise RecordError(f"DDTREE record {key(rec)}: width must be budget + 1")
     if rec["algorithm"] != "DDTREE" and rec["budget"] is not None:
         raise RecordError(f"{rec['algorithm']} record {key(rec)}: budget must be null")
-    for k in ("ms_per_step", "tokens_per_s", "tokens_per_step"):
-        if not (isinstance(rec[k], (int, float)) and rec[k] > 0):
+    for k in ("ms_per_step", "tokens_per_s", "tokens_per_step", "decode_ms_per_step"):
+        if k in rec and not (isinstance(rec[k], (int, float)) and rec[k] > 0):
             raise RecordError(f"record {key(rec)}: {k}={rec[k]!r} must be a positive number")
     return rec
 
 
-def level_metrics(metas: list[dict], wall_s: float, speculative: bool) -> dict:
-    """The per-level figures from the ``meta_info`` of each request of one level."""
+def level_metrics(
+    metas: list[dict], wall_s: float, speculative: bool, prefill_s: float | None = None
+) -> dict:
+    """The per-level figures from the ``meta_info`` of each request of one level; with
+    ``prefill_s`` (the level's prompts' prefill alone, timed apart) also the decode-only step."""
     if not metas or wall_s <= 0:
         raise RecordError(
             f"a level needs requests and a positive wall time; got {len(metas)}, {wall_s}"
@@ -73,7 +80,7 @@ def level_metrics(metas: list[dict], wall_s: float, speculative: bool) -> dict:
         if min(steps) < 1:
             raise RecordError("AR requests need at least 2 output tokens to time a decode step")
         tokens_per_step = 1.0
-    return {
+    out = {
         "ms_per_step": 1000.0 * wall_s / max(steps),
         "tokens_per_s": sum(tokens) / wall_s,
         "tokens_per_step": tokens_per_step,
@@ -81,6 +88,15 @@ def level_metrics(metas: list[dict], wall_s: float, speculative: bool) -> dict:
         "completion_tokens": sum(tokens),
         "wall_s": wall_s,
     }
+    if prefill_s is not None:
+        if not 0 <= prefill_s < wall_s:
+            raise RecordError(
+                f"a level's prefill alone took {prefill_s:.3f} s, not less than the whole level's "
+                f"{wall_s:.3f} s: no decode time is left to time"
+            )
+        out["prefill_s"] = prefill_s
+        out["decode_ms_per_step"] = 1000.0 * (wall_s - prefill_s) / max(steps)
+    return out
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:

@@ -12,7 +12,9 @@ plus the kit's flags and this harness's layer (``--load-format dummy --skip-toke
 built paths, CUDA graphs for decode batches up to ``--graph-bs``, the memory flags a big model
 needs), starts it through the project's launcher helpers (:mod:`e2e.kit`), and runs closed-loop
 levels: at each concurrency C, C requests of distinct random 512-token id prompts start together,
-128 new tokens each, greedy, ``ignore_eos``. One record per level goes to ``<out>/scale.json`` the
+128 new tokens each, greedy, ``ignore_eos``; after each, C fresh prompts with one new token each
+time the prefill alone, so a record has the decode step's cost without it
+(``decode_ms_per_step``) beside the served one. One record per level goes to ``<out>/scale.json`` the
 moment the level ends (:mod:`e2e.records` defines the fields), so a crash or a device time-out keeps
 what finished; ``<out>/run.json`` says what ran, what was skipped and why (and an adaptive DDTREE
 server's budget switch lines); ``<out>/logs/`` holds the server logs. ``python -m e2e.scale_report
@@ -578,13 +580,21 @@ class Run:
                 entry["skipped_levels"] += [{"concurrency": x, "why": why} for x in todo[i:]]
                 print(f"[scale] {spec.label}: skipping C >= {c}: {why}", flush=True)
                 return
-            runs = []
+            runs, spent = [], 0.0
             for r in range(args.repeats):
                 flush(url)
                 ids = prompts(c, ("level", c, r), args.prompt_len)
                 t = time.monotonic()
                 metas = generate(url, ids, args.new_tokens, self.remaining() - args.reserve)
-                runs.append(records.level_metrics(metas, time.monotonic() - t, spec.speculative))
+                wall = time.monotonic() - t
+                # the same prefill alone: C fresh prompts, one new token each (no decode step)
+                flush(url)
+                ids = prompts(c, ("prefill", c, r), args.prompt_len)
+                t = time.monotonic()
+                generate(url, ids, 1, self.remaining() - args.reserve)
+                prefill = time.monotonic() - t
+                runs.append(records.level_metrics(metas, wall, spec.speculative, prefill))
+                spent += wall + prefill
             best = sorted(runs, key=lambda m: m["ms_per_step"])[len(runs) // 2]  # the median run
             rec = records.validate(
                 {
@@ -600,9 +610,10 @@ class Run:
             )
             records.save(self.results, records.merge(records.load(self.results), [rec]))
             self.done.add(records.key(rec))
-            prev = (c, sum(m["wall_s"] for m in runs))
+            prev = (c, spent)
             print(
-                f"[scale] {spec.label} C={c}: {rec['ms_per_step']:.1f} ms/step, "
+                f"[scale] {spec.label} C={c}: {rec['ms_per_step']:.1f} ms/step "
+                f"({rec['decode_ms_per_step']:.1f} without the prefill, {rec['prefill_s']:.3f} s), "
                 f"{rec['tokens_per_s']:.0f} tok/s, {rec['tokens_per_step']:.2f} tok/step",
                 flush=True,
             )

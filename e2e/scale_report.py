@@ -7,7 +7,8 @@ RESULTS (a later record replaces an earlier one of the same server and level), a
 summaries (``stages/*.json``) and profile summaries (``profiles/*.json``) are copied into the folder
 ``<RESULTS without .json>/``. Then ``RESULTS.md`` gets, per shape, ms per step and output tokens/s
 against concurrency C for every server (with its verify width, simulated acceptance, the running
-requests SGLang allowed and its start time), the GDN state lines of the server logs, the per-stage
+requests SGLang allowed and its start time) and, where the levels timed their prefill apart, the
+decode step without it; the GDN state lines of the server logs, the per-stage
 step times (median per stage and batch size) and the profile summaries; ``RESULTS.png`` plots ms
 per step and tokens/s against C, one line per server, one row per shape.
 """
@@ -56,7 +57,8 @@ def _servers(recs: list[dict]) -> dict[str, list[dict]]:
 
 
 def level_tables(recs: list[dict]) -> str:
-    """Per shape: ms per step and output tokens/s against C, one row per server."""
+    """Per shape: ms per step and output tokens/s against C, one row per server; and, for the
+    servers whose levels timed their prefill apart, the decode step without it."""
     out = []
     for shape in sorted({r["shape"] for r in recs}):
         groups = _servers([r for r in recs if r["shape"] == shape])
@@ -66,10 +68,18 @@ def level_tables(recs: list[dict]) -> str:
         for title, field, fmt in (
             ("ms per step", "ms_per_step", "{:.1f}"),
             ("output tokens/s", "tokens_per_s", "{:.0f}"),
+            (
+                "decode ms per step (the level's prefill, timed alone, taken out)",
+                "decode_ms_per_step",
+                "{:.1f}",
+            ),
         ):
+            timed = {n: rs for n, rs in groups.items() if any(field in r for r in rs)}
+            if not timed:
+                continue
             out += [f"### {shape}: {title}", "", head + cols, "|---" * (6 + len(levels)) + "|"]
-            for name, rows in groups.items():
-                by_c = {r["concurrency"]: r for r in rows}
+            for name, rows in timed.items():
+                by_c = {r["concurrency"]: r for r in rows if field in r}
                 first = rows[0]
                 tps = by_c[min(by_c)]["tokens_per_step"]
                 cells = "".join(

@@ -12,6 +12,7 @@ radix-cached (evictable), an aborted one (closed stream or abort_request) frees 
 ``FAKE_CAP`` (SGLang caps max_running_requests to it), ``FAKE_CRASH=<ALGORITHM>`` (that server dies
 at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an aborted stream never
 returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback),
+``FAKE_PREFILL_MS`` (time per prefill round of a batched ``/generate``, before its steps),
 ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
 on the H200 kit); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
 once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
@@ -47,6 +48,7 @@ ALGORITHM = flag("--speculative-algorithm")
 WIDTH = int(flag("--speculative-num-draft-tokens", 16 if ALGORITHM else 1))
 ACC = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", 1))
 STEP_S = float(os.environ.get("FAKE_STEP_MS", 2)) / 1000
+PREFILL_S = float(os.environ.get("FAKE_PREFILL_MS", 0)) / 1000
 PROFILE: dict = {}
 LEAK = os.environ.get("FAKE_LEAK", "")
 POOL = {"kv_available": 90000, "kv_evictable": 0, "mamba_evictable": 0, "running": 0}
@@ -153,7 +155,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         prompts = body["input_ids"] if batch else [body.get("input_ids") or body.get("text")]
         n = body["sampling_params"]["max_new_tokens"]
         steps = math.ceil((n - 1) / ACC) if ALGORITHM else n - 1
-        time.sleep(STEP_S * steps * math.ceil(len(prompts) / MAX_RUNNING))
+        time.sleep((PREFILL_S + STEP_S * steps) * math.ceil(len(prompts) / MAX_RUNNING))
         if "--speculative-adaptive" in argv and len(prompts) not in SWITCHED:
             SWITCHED.add(len(prompts))
             with LOG_LOCK:

@@ -416,6 +416,11 @@ def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
     table = cost_table(costs)
     assert table == {"1": {"15": 30.0, "63": 42.0}, "2": {"15": 33.0}}
     assert BudgetPolicy.from_dict({"cost_ms": table}).budgets == (15, 63)
+    # without the prefill: only the levels that timed it, at their decode cost
+    records[0]["decode_ms_per_step"] = 27.0
+    records[5]["decode_ms_per_step"] = 17.5
+    decode = step_costs(records, "s", field="decode_ms_per_step")
+    assert decode == {("DDTREE", 15): {1: 27.0}, ("AR", None): {1: 17.5}}
 
 
 def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):

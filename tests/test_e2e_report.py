@@ -215,6 +215,21 @@ def test_level_tables_on_canned_records():
     assert "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 51 | - | 312 |" in tps
     assert "### qwen3-8b: ms per step" in lines
     assert "| AR | 1 | 8 | - | 100.0 | 1.00 | 9.0 |" in lines
+    assert not any("decode ms per step" in ln for ln in lines)  # no record timed its prefill
+
+
+def test_the_decode_table_lists_the_levels_that_timed_their_prefill():
+    timed = [
+        {**r, "prefill_s": 0.4, "decode_ms_per_step": round(r["ms_per_step"] - 3.0, 3)}
+        for r in CANNED[:2]  # AR at C = 1 and 8
+    ]
+    md = scale_report.level_tables([records.validate(r) for r in timed + CANNED[2:]])
+    lines = md.splitlines()
+    title = "### qwen3.6-27b: decode ms per step (the level's prefill, timed alone, taken out)"
+    decode = lines[lines.index(title) :]
+    rows = [ln for ln in decode[3:] if ln.startswith("| ")]
+    assert rows[0] == "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 16.8 | - | 22.6 |"
+    assert len(rows) == 1  # the other servers' levels did not time it
 
 
 def test_server_name_of_an_adaptive_server_at_a_tau_per_budget():

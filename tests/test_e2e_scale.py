@@ -390,13 +390,13 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
     assert stages["by_bs"]["2"]["gpu_between_ms"] == 0.5
     # the prefills are kept apart from the decode steps: per batch size of new requests
     assert stages["extends_by_bs"]["2"] == {
-        "extends": 3,  # the warmup's, the level's and the profiled run's
+        "extends": 4,  # the warmup's, the level's, its prefill alone and the profiled run's
         "tokens": 2 * 8,  # the test runs 8-token prompts
         "host_ms": 3.0,
         "gpu_ms": 8.0,
         "gpu_between_ms": None,
     }
-    assert stages["extends_by_bs"]["4"]["extends"] == 2
+    assert stages["extends_by_bs"]["4"]["extends"] == 3
     prof = json.loads(
         (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C2.json").read_text()
     )
@@ -408,6 +408,27 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
         {"concurrency": 1, "status": "ok", "verify_graph_replayed": True},
     ]
     assert (tmp_path / "out/profiles/qwen3.6-27b_ddtree_b15_acc3_stages-C1.json").exists()
+
+
+def test_a_level_times_its_prefill_apart_from_its_decode_steps(tmp_path, monkeypatch):
+    """The fake takes 60 ms per prefill round and 2 ms per step: ms_per_step spreads the
+    prefill over the level's steps, decode_ms_per_step takes it out (the level's prompts prefilled
+    alone, one new token each, timed after it)."""
+    rc, recs, _, _ = _run(
+        tmp_path, monkeypatch, ["qwen3.6-27b:ddtree:b=15:acc=3"], FAKE_PREFILL_MS=60
+    )
+    assert rc == 0 and [r["concurrency"] for r in recs] == [1, 2, 4]
+    for r in recs:  # 4 verify steps of 2 ms after a 60 ms prefill
+        assert 0.06 <= r["prefill_s"] < 0.06 + 0.03
+        assert r["decode_ms_per_step"] == pytest.approx(
+            1000 * (r["wall_s"] - r["prefill_s"]) / r["steps"]
+        )
+        assert 1.5 <= r["decode_ms_per_step"] < 8.0
+        assert r["ms_per_step"] > 15.0  # 60 ms of prefill over 4 steps
+    with pytest.raises(records.RecordError, match="prefill alone took 0.500 s, not less than"):
+        records.level_metrics([{"completion_tokens": 13}], 0.4, False, prefill_s=0.5)
+    with pytest.raises(records.RecordError, match="decode_ms_per_step=0 must be a positive"):
+        records.validate({**recs[0], "decode_ms_per_step": 0})
 
 
 def test_resume_skips_levels_already_measured(tmp_path, monkeypatch):
