@@ -611,10 +611,15 @@ class Run:
             records.save(self.results, records.merge(records.load(self.results), [rec]))
             self.done.add(records.key(rec))
             prev = (c, spent)
+            decode = (
+                f"{rec['decode_ms_per_step']:.1f} without the prefill"
+                if "decode_ms_per_step" in rec
+                else "no decode time: the prefill alone took as long as the level"
+            )
             print(
-                f"[scale] {spec.label} C={c}: {rec['ms_per_step']:.1f} ms/step "
-                f"({rec['decode_ms_per_step']:.1f} without the prefill, {rec['prefill_s']:.3f} s), "
-                f"{rec['tokens_per_s']:.0f} tok/s, {rec['tokens_per_step']:.2f} tok/step",
+                f"[scale] {spec.label} C={c}: {rec['ms_per_step']:.1f} ms/step ({decode}, "
+                f"prefill {rec['prefill_s']:.3f} s), {rec['tokens_per_s']:.0f} tok/s, "
+                f"{rec['tokens_per_step']:.2f} tok/step",
                 flush=True,
             )
             self.write_log()

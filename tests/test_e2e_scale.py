@@ -425,8 +425,9 @@ def test_a_level_times_its_prefill_apart_from_its_decode_steps(tmp_path, monkeyp
         )
         assert 1.5 <= r["decode_ms_per_step"] < 8.0
         assert r["ms_per_step"] > 15.0  # 60 ms of prefill over 4 steps
-    with pytest.raises(records.RecordError, match="prefill alone took 0.500 s, not less than"):
-        records.level_metrics([{"completion_tokens": 13}], 0.4, False, prefill_s=0.5)
+    # a prefill timed as long as the whole level (noise on a tiny level) leaves no decode figure
+    slow = records.level_metrics([{"completion_tokens": 13}], 0.4, False, prefill_s=0.5)
+    assert slow["prefill_s"] == 0.5 and "decode_ms_per_step" not in slow
     with pytest.raises(records.RecordError, match="decode_ms_per_step=0 must be a positive"):
         records.validate({**recs[0], "decode_ms_per_step": 0})
 
