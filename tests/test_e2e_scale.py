@@ -411,20 +411,24 @@ def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
 
 
 def test_a_level_times_its_prefill_apart_from_its_decode_steps(tmp_path, monkeypatch):
-    """The fake takes 60 ms per prefill round and 2 ms per step: ms_per_step spreads the
+    """The fake takes 60 ms per prefill round and 20 ms per step: ms_per_step spreads the
     prefill over the level's steps, decode_ms_per_step takes it out (the level's prompts prefilled
     alone, one new token each, timed after it)."""
     rc, recs, _, _ = _run(
-        tmp_path, monkeypatch, ["qwen3.6-27b:ddtree:b=15:acc=3"], FAKE_PREFILL_MS=60
+        tmp_path,
+        monkeypatch,
+        ["qwen3.6-27b:ddtree:b=15:acc=3"],
+        FAKE_PREFILL_MS=60,
+        FAKE_STEP_MS=20,
     )
     assert rc == 0 and [r["concurrency"] for r in recs] == [1, 2, 4]
-    for r in recs:  # 4 verify steps of 2 ms after a 60 ms prefill
+    for r in recs:  # 4 verify steps of 20 ms after a 60 ms prefill
         assert 0.06 <= r["prefill_s"] < 0.06 + 0.03
         assert r["decode_ms_per_step"] == pytest.approx(
             1000 * (r["wall_s"] - r["prefill_s"]) / r["steps"]
         )
-        assert 1.5 <= r["decode_ms_per_step"] < 8.0
-        assert r["ms_per_step"] > 15.0  # 60 ms of prefill over 4 steps
+        assert 15.0 <= r["decode_ms_per_step"] < 28.0
+        assert r["ms_per_step"] >= r["decode_ms_per_step"] + 10.0  # + 60 ms over 4 steps
     # a prefill timed as long as the whole level (noise on a tiny level) leaves no decode figure
     slow = records.level_metrics([{"completion_tokens": 13}], 0.4, False, prefill_s=0.5)
     assert slow["prefill_s"] == 0.5 and "decode_ms_per_step" not in slow
