@@ -123,6 +123,25 @@ def _kernel_call(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths
     return inputs, o, mode
 
 
+def _check_buffer(
+    name: str, t: torch.Tensor, rows: int, tail: tuple[int, ...], made_by: str
+) -> None:
+    """A kernel's float32 work buffer: contiguous ``[>= rows, *tail]``, else one line naming it,
+    the shape it needs and the function that makes it."""
+    if (
+        t.dtype != torch.float32
+        or not t.is_contiguous()
+        or t.dim() != 1 + len(tail)
+        or t.shape[0] < rows
+        or tuple(t.shape[1:]) != tail
+    ):
+        dims = ", ".join(str(d) for d in tail)
+        raise ValueError(
+            f"{name} must be contiguous float32 [>= {rows}, {dims}] ({made_by}); "
+            f"got {t.dtype} {tuple(t.shape)}"
+        )
+
+
 def gdn_tree_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -157,26 +176,10 @@ def gdn_tree_verify(
         q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
     )
     width = paths.shape[2]
-    if (
-        scratch.dtype != torch.float32
-        or not scratch.is_contiguous()
-        or scratch.shape[0] < bs * n
-        or scratch.shape[1:] != (hv, dv + 2)
-    ):
-        raise ValueError(
-            f"scratch must be contiguous float32 [>= {bs * n}, {hv}, {dv + 2}] (tree_scratch); "
-            f"got {scratch.dtype} {tuple(scratch.shape)}"
-        )
-    if (
-        prep.dtype != torch.float32
-        or not prep.is_contiguous()
-        or prep.shape[0] < bs * n
-        or prep.shape[1:] != (hk, prep_row_width(width))
-    ):
-        raise ValueError(
-            f"prep must be contiguous float32 [>= {bs * n}, {hk}, {prep_row_width(width)}] "
-            f"(tree_prep_scratch for W = {width}); got {prep.dtype} {tuple(prep.shape)}"
-        )
+    _check_buffer("scratch", scratch, bs * n, (hv, dv + 2), "tree_scratch")
+    _check_buffer(
+        "prep", prep, bs * n, (hk, prep_row_width(width)), f"tree_prep_scratch for W = {width}"
+    )
     inputs, o, mode = _kernel_call(
         q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths, ring, ring_rows
     )
@@ -208,18 +211,7 @@ def gdn_tree_verify_wy(
     bs, n, _, _, hv, _ = _check_verify_inputs(
         q, k, v, a, b, ssm_states, cache_indices, paths, ring, ring_rows
     )
-    width = wy_scratch_width(n)
-    if (
-        scratch.dtype != torch.float32
-        or not scratch.is_contiguous()
-        or scratch.dim() != 3
-        or scratch.shape[0] < bs
-        or scratch.shape[1:] != (hv, width)
-    ):
-        raise ValueError(
-            f"scratch must be contiguous float32 [>= {bs}, {hv}, {width}] (tree_wy_scratch for "
-            f"N = {n}); got {scratch.dtype} {tuple(scratch.shape)}"
-        )
+    _check_buffer("scratch", scratch, bs, (hv, wy_scratch_width(n)), f"tree_wy_scratch for N = {n}")
     inputs, o, mode = _kernel_call(
         q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, paths, ring, ring_rows
     )
