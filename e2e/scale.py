@@ -582,17 +582,9 @@ class Run:
                 return
             runs, spent = [], 0.0
             for r in range(args.repeats):
-                flush(url)
-                ids = prompts(c, ("level", c, r), args.prompt_len)
-                t = time.monotonic()
-                metas = generate(url, ids, args.new_tokens, self.remaining() - args.reserve)
-                wall = time.monotonic() - t
+                metas, wall = self.timed_level(url, c, ("level", c, r), args.new_tokens)
                 # the same prefill alone: C fresh prompts, one new token each (no decode step)
-                flush(url)
-                ids = prompts(c, ("prefill", c, r), args.prompt_len)
-                t = time.monotonic()
-                generate(url, ids, 1, self.remaining() - args.reserve)
-                prefill = time.monotonic() - t
+                _, prefill = self.timed_level(url, c, ("prefill", c, r), 1)
                 runs.append(records.level_metrics(metas, wall, spec.speculative, prefill))
                 spent += wall + prefill
             best = sorted(runs, key=lambda m: m["ms_per_step"])[len(runs) // 2]  # the median run
@@ -623,6 +615,15 @@ class Run:
                 flush=True,
             )
             self.write_log()
+
+    def timed_level(self, url: str, c: int, seed: tuple, new_tokens: int) -> tuple[list, float]:
+        """``c`` fresh prompts (``seed``) sent at once on a flushed cache: their ``meta_info``
+        and the wall seconds until the last one finished."""
+        flush(url)
+        ids = prompts(c, seed, self.args.prompt_len)
+        t = time.monotonic()
+        metas = generate(url, ids, new_tokens, self.remaining() - self.args.reserve)
+        return metas, time.monotonic() - t
 
     def profile(self, spec: ServerSpec, url: str, info: dict, c: int) -> dict:
         """A torch-profiler trace of a few decode steps at concurrency ``c``, summarised; the
