@@ -232,10 +232,11 @@ def test_step_tree_reads_the_static_outputs_only_after_a_graph_replay():
 
     # --speculative-adaptive: every candidate's tree comes from the graph (its K = exact_topk
     # ranks of the server's top-K give the same tree), read without a copy or a rebuild
-    sampler = _sampler(head, smaller_budgets=(5, 3))
+    # (L = 4: 5 is sliced from the server's 9, 3 is built, 2 is sliced from 3)
+    sampler = _sampler(head, smaller_budgets=(5, 3, 2))
     sampler(x, x_ids)
     worker._draft_sampler = sampler
-    for budget in (3, 5):
+    for budget in (2, 3, 5):
         worker.config = SERVER.for_budget(budget)
         tree = draft_sampler.step_tree(worker, hidden_y, roots, ran_as_graph=True)
         want = _eager(x, x_ids, head, budget=budget, k=min(K, budget))[2]

@@ -30,6 +30,7 @@ from sglang_spec.tree import (
     merge_sharded_topk,
     walk_greedy,
 )
+from sglang_spec.tree.build import nested_in
 
 ATOL = 2e-4
 
@@ -547,6 +548,34 @@ def test_exact_topk_without_the_chain_is_the_budget():
 # ----------------------------------------------------------------------------------------
 # build_ddtree: property-based
 # ----------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    bs=st.integers(1, 4),
+    L=st.integers(1, 5),
+    V=st.integers(1, 6),
+    budgets=st.lists(st.integers(1, 24), min_size=2, max_size=2, unique=True),
+    seed=st.integers(0, 2**31 - 1),
+    style=st.sampled_from(["normal", "ints", "equal", "neginf"]),
+)
+def test_nested_trees_are_prefixes_and_the_others_are_not_said_to_be(
+    bs, L, V, budgets, seed, style
+):
+    """nested_in(b, B, L) (what the draft graph slices smaller budgets' trees by): the b-tree built
+    alone is exactly the first b + 1 slots of the B-tree, padding included, with num_nodes capped
+    at b + 1. When it says no, the two straddle the horizon (one forces the chain, one does not)."""
+    b, B = sorted(budgets)
+    x = make_logits(seed, bs, L, V, style)
+    roots = torch.randint(V, (bs,), generator=torch.Generator().manual_seed(seed + 1))
+    small, big = build_ddtree(x, b, roots), build_ddtree(x, B, roots)
+    assert not nested_in(B, b, L)  # never a larger tree in a smaller one
+    if not nested_in(b, B, L):
+        assert b < L <= B
+        return
+    for f in ("tokens", "parents", "depths", "scores"):
+        assert torch.equal(getattr(small, f), getattr(big, f)[:, : b + 1]), f
+    assert torch.equal(small.num_nodes, big.num_nodes.clamp(max=b + 1))
 
 
 @SETTINGS

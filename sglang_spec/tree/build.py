@@ -155,6 +155,14 @@ def exact_topk(budget: int, horizon: int, include_chain: bool = True) -> int:
     return budget - chain + 1 if chain else budget
 
 
+def nested_in(budget: int, larger: int, horizon: int) -> bool:
+    """Whether the chain-inclusive tree of ``budget`` nodes is the first ``budget + 1`` slots of the
+    one of ``larger`` nodes built from the same top-K: ``budget <= larger`` and both contain the
+    drafter's chain (``budget >= horizon``) or neither does. Slots are in pop order and the chain is
+    popped first when forced, so a smaller tree's pops are the larger one's first pops."""
+    return budget <= larger and (budget >= horizon) == (larger >= horizon)
+
+
 def _chain_length(include_chain: bool, budget: int, horizon: int) -> int:
     """Forced chain pops: the whole chain (L) when asked for and it fits the budget, else none."""
     if not isinstance(include_chain, bool):

@@ -11,7 +11,8 @@ with its log-normaliser, and builds the best-first tree of ``budget`` nodes
 graph's hidden states and input ids at capture and replay (SGLang's draft-sampler contract: the
 bonus token is block position 0 of the input ids), it writes the top-K and the tree into buffers
 allocated once for the largest captured batch, of which a replay at batch size ``bs`` writes the
-first ``bs`` rows; given smaller budgets too, it builds their trees from the same top-K. The
+first ``bs`` rows; given smaller budgets too, it writes their trees from the same top-K: a prefix
+of a larger one when nested in it (:func:`~sglang_spec.tree.build.nested_in`), else built. The
 serving side (``sglang_spec.plugin.draft_sampler``) builds it from the target's LM head and reads
 its outputs only after a replay; without a graph it calls :func:`draft_tree` itself.
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .build import build_ddtree_from_topk, check_tree_temperature
+from .build import build_ddtree_from_topk, check_tree_temperature, nested_in
 from .topk import AllGather, VocabShard, sharded_topk
 from .types import DraftTree
 
@@ -125,12 +126,23 @@ class StaticDraftTree:
         )
         self.logq[:bs].copy_(logq)
         self.ids[:bs].copy_(ids)
+        horizon = self.block_size - 1
+        done: list[int] = []  # budgets written so far, descending
         for b, out in self.trees.items():
-            # A smaller budget's tree from the same top-K: the server's K covers every smaller
-            # budget's exact K, and ranks beyond it are never popped (build_ddtree_from_topk).
-            built = tree if b == self.budget else build_ddtree_from_topk(logq, ids, b, roots)
-            for f in TREE_FIELDS:
-                getattr(out, f)[:bs].copy_(getattr(built, f))
+            source = next((a for a in done if nested_in(b, a, horizon)), None)
+            if source is not None:
+                # nested: the first b + 1 slots of a larger tree this call wrote (no second build)
+                src = self.trees[source]
+                for f in SLOT_FIELDS:
+                    getattr(out, f)[:bs].copy_(getattr(src, f)[:bs, : b + 1])
+                torch.clamp(src.num_nodes[:bs], max=b + 1, out=out.num_nodes[:bs])
+            else:
+                # A smaller budget's tree from the same top-K: the server's K covers every smaller
+                # budget's exact K, and ranks beyond it are never popped (build_ddtree_from_topk).
+                built = tree if b == self.budget else build_ddtree_from_topk(logq, ids, b, roots)
+                for f in TREE_FIELDS:
+                    getattr(out, f)[:bs].copy_(getattr(built, f))
+            done.append(b)
 
     def outputs(
         self, bs: int, budget: int | None = None
@@ -142,7 +154,8 @@ class StaticDraftTree:
         return self.logq[:bs], self.ids[:bs], tree
 
 
-TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes")
+SLOT_FIELDS = ("tokens", "parents", "depths", "scores")  # [bs, 1 + budget]: one entry per slot
+TREE_FIELDS = (*SLOT_FIELDS, "num_nodes")
 
 
 def _tree_buffers(max_bs: int, width: int, horizon: int, device) -> DraftTree:
