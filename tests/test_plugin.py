@@ -1146,6 +1146,16 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     launch(1, [[0, 1, -1, -1]])
     with pytest.raises(RuntimeError, match="a step of 1 requests measured, results of 2 reported"):
         w.on_verify_complete_cpu([0, 0], batch_size=2)
+    # a switch between a step's launch and its report: its sums use the width it ran at (5; at
+    # width 4, request 1's slot-4 node, id 9, would read as slot 5 and be left out of budget 4)
+    tau = dict(w.budgets.tau)
+    assert launch(2, [[0, 3, 4, -1], [5, 6, 9, -1]]) == 5
+    assert launch(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
+    w.on_verify_complete_cpu([0, 0], batch_size=2)
+    assert w.budgets.tau[4] == pytest.approx(0.8 * tau[4] + 0.2 * 3)
+    assert w.budgets.tau[3] == pytest.approx(0.8 * tau[3] + 0.2 * 2)
+    w.on_verify_complete_cpu([0] * 4, batch_size=4)
+    assert not w.measured
     assert [name for name, _ in calls[1:8]] == list(STAGES)
     assert w.budgets.nested and w.budgets.measured_by(4) == (3, 4)
     # a simulated tau per budget: each step measures only the budget it ran

@@ -54,7 +54,8 @@ tree of a budget B >= b built from the same draft, provided both contain the cha
 neither does (B < L), L being the drafter horizon. Verification walks down the target's tokens and
 slot indices grow along every path, so the tree of budget b accepts exactly the accepted nodes of
 the B-tree whose slot is <= b (for greedy verification; for sampling, in distribution).
-:func:`accepted_tokens_within` computes that on the device, and one step at B updates tau of every
+:func:`accepted_tokens_within` computes that (the worker runs it on the host copy of a step's
+accepted node ids), and one step at B updates tau of every
 candidate it measures (:meth:`BudgetController.measured_by`), not only B's.
 """
 
@@ -221,6 +222,8 @@ class BudgetController:
         self._observed = 0  # observed (non-empty) steps
         self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe
+        self._measured: dict[int, tuple[int, ...]] = {}  # measured_by per candidate, asked per step
+        self._measured = {b: self.measured_by(b) for b in policy.budgets}
 
     # -------------------------------------------------------------------------- routing
     def bucket_of(self, batch_size: int) -> int:
@@ -233,10 +236,14 @@ class BudgetController:
 
     def measured_by(self, budget: int) -> tuple[int, ...]:
         """The candidate budgets one step at ``budget`` measures (nested trees), ascending."""
+        known = self._measured.get(budget)
+        if known is not None:
+            return known
         if not self.nested:
             return (budget,)
-        L = self.horizon
-        return tuple(b for b in self.policy.budgets if b <= budget and (b >= L or budget < L))
+        from sglang_spec.tree.build import nested_in  # torch: not at module level
+
+        return tuple(b for b in self.policy.budgets if nested_in(b, budget, self.horizon))
 
     def _measuring_budget(self, bucket: int, want: int) -> int:
         """The largest candidate of ``bucket`` whose step measures budget ``want``."""
@@ -313,9 +320,9 @@ def accepted_tokens_within(accept_index, width: int, limits):
 
     ``accept_index [bs, D]`` holds SGLang's flat accepted node ids (``request * width + slot``,
     root first, -1 padded); ``limits`` is a 1-D integer tensor of budgets on the same device, built
-    once (a tensor made from a Python list in the step is a host-to-device copy, which makes the
-    host wait for the GPU). Returns a float32 tensor ``[len(limits)]`` on that device, with no host
-    synchronisation.
+    once (on CUDA, a tensor made from a Python list in the step is a host-to-device copy, which
+    makes the host wait for the GPU). Returns a float32 tensor ``[len(limits)]`` on that device,
+    with no host synchronisation.
     """
     import torch
 

@@ -21,9 +21,10 @@ A decode step is one method per stage, called in order by ``_decode_step``
 Budget by batch size (``--speculative-adaptive``, :mod:`sglang_spec.plugin.budget`): each decode
 step first asks the controller for the budget of its batch size and switches the target's verify
 state (attention backend + CUDA graphs, one per candidate width, built in ``init_cuda_graphs``) and
-``self.config`` to it; after the walk it sums, on the device, what every budget the step measures
-would have accepted, and ``on_verify_complete_cpu`` (called by the scheduler once the step's
-accept lengths are on the host) feeds those sums to the controller.
+``self.config`` to it; after the walk it copies the accepted node ids to pinned host memory (one
+launch, in stream order), and ``on_verify_complete_cpu`` (called by the scheduler once the step's
+accept lengths are on the host) sums there what every budget the step measures would have accepted
+and feeds the controller.
 
 With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
 writes per-stage host and GPU times; with ``SGLANG_DDTREE_SYNC_CHECK=warn|error`` each decode step
@@ -208,16 +209,16 @@ class DDTreeWorker(DFlashWorkerV2):
             on_switch=_log_budget_switch if get_parallel().tp_rank == 0 else None,
         )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
-        # what a step at each budget measures, on the device once: built in the step, it was a
-        # host-to-device copy that made every decode step wait for the GPU (session 12, H200)
+        # what a step at each budget measures, as host tensors built once: the sums run on the
+        # host copy of each step's accepted node ids (measure_budgets)
         self.budget_limits = {
-            b: torch.tensor(self.budgets.measured_by(b), dtype=torch.int64, device=self.device)
-            for b in policy.budgets
+            b: torch.tensor(self.budgets.measured_by(b), dtype=torch.int64) for b in policy.budgets
         }
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
-        # (budget, host sums per measured budget, requests) of each decode step whose results the
-        # scheduler has not processed yet: with overlap scheduling the next step is launched first
-        self.measured: deque[tuple[int, torch.Tensor, int]] = deque()
+        # (budget, verify width, host accept_index, requests) of each decode step whose results
+        # the scheduler has not processed yet: with overlap scheduling the next step is launched
+        # first
+        self.measured: deque[tuple[int, int, torch.Tensor, int]] = deque()
 
     def init_cuda_graphs(self):
         """The drafter's graphs (DFlash's), then with budget by batch size a target verify state
@@ -254,27 +255,27 @@ class DDTreeWorker(DFlashWorkerV2):
             self.speculative_num_draft_tokens = self.config.verify_width
 
     def measure_budgets(self, accept_index: torch.Tensor, batch_size: int) -> None:
-        """Queue what each budget this step measures would have accepted: summed on the device,
-        copied to pinned host memory in stream order (no sync)."""
-        budget = self.config.budget
-        sums = accepted_tokens_within(
-            accept_index, self.config.verify_width, self.budget_limits[budget]
+        """Queue this step's accepted node ids ``[bs, L + 1]`` for the controller: one copy to
+        pinned host memory in stream order (no sync). Summing them per measured budget on the
+        device took about ten launches a step; ``on_verify_complete_cpu`` sums the host copy."""
+        host = torch.empty(
+            accept_index.shape, dtype=accept_index.dtype, pin_memory=accept_index.is_cuda
         )
-        host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=sums.is_cuda)
-        host.copy_(sums, non_blocking=True)
-        self.measured.append((budget, host, batch_size))
+        host.copy_(accept_index, non_blocking=True)
+        self.measured.append((self.config.budget, self.config.verify_width, host, batch_size))
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the sums kept by measure_budgets carry more
         """Scheduler hook, once per decode step in launch order, when that step's accept lengths
-        are on the host: its measured sums, copied before them on the same stream, are too."""
+        are on the host: its accepted node ids, copied before them on the same stream, are too."""
         if self.budgets is None or not self.measured:
             return
-        budget, sums, n = self.measured.popleft()
+        budget, width, accepted, n = self.measured.popleft()
         if n != batch_size:
             raise RuntimeError(
                 f"DDTREE budget measurements out of step with the scheduler: a step of {n} "
                 f"requests measured, results of {batch_size} reported"
             )
+        sums = accepted_tokens_within(accepted, width, self.budget_limits[budget])
         self.budgets.observe(budget, sums.tolist(), n)
 
     def _maybe_build_draft_sampler(self):
