@@ -347,7 +347,9 @@ def server_config(
     if spec.adaptive is not None:
         ours["speculative-adaptive"] = True
         ours["speculative-adaptive-config"] = spec.adaptive
-    env = {}
+    # SGLang logs each Triton compilation after start-up that took at least this long (default
+    # 1 s): the ones that land inside a timed level show in the server's log
+    env = {"SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS": "0.05"}
     if spec.acc is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{spec.acc:g}"
     if spec.acc_by_budget:
@@ -522,7 +524,7 @@ class Run:
                     f"{info['max_running_requests']}",
                     flush=True,
                 )
-                self.warmup(srv.url, todo, info)
+                self.warmup(srv.url, todo, info, spec)
                 server_fields = {
                     "width": width,
                     "max_running_requests": info["max_running_requests"],
@@ -555,15 +557,22 @@ class Run:
             if "stages" in spec.flags:
                 entry["stages"] = summarize_stage_file(self.out / "stages", spec.slug)
 
-    def warmup(self, url: str, todo: list[int], info: dict) -> None:
+    def warmup(self, url: str, todo: list[int], info: dict, spec: ServerSpec) -> None:
         """JIT compilation and first-use allocations before anything is timed, at every level's
         batch size: Triton specialises kernels on integer arguments (1, multiples of 16), so a
         batch size first seen inside a timed level would time its compilation (session 9: the
-        27B DDTREE's C = 2 level cost 45 ms per step, C = 4 33 ms, with only 1 and 32 warmed)."""
+        27B DDTREE's C = 2 level cost 45 ms per step, C = 4 33 ms, with only 1 and 32 warmed).
+
+        8 new tokens a request, a few steps; an adaptive DDTREE server gets the level's length:
+        its controller explores every candidate budget first and then picks one per batch-size
+        bucket, and each (budget, batch size) it runs first inside a timed level would time that
+        exploration and its compilations (session 22: with 8-token warm-ups its C = 1 level
+        served 54 tokens/s at 74 ms per step, where the same choice served 128 at 31 ms)."""
         cap = info["max_running_requests"] or max(todo or [1])
+        tokens = self.args.new_tokens if spec.adaptive else 8
         for count in sorted({1} | {min(c, cap) for c in todo}):
             ids = prompts(count, ("warmup", count), self.args.prompt_len)
-            generate(url, ids, 8, min(300.0, self.remaining() - self.args.reserve))
+            generate(url, ids, tokens, min(300.0, self.remaining() - self.args.reserve))
 
     def levels(self, spec, url, todo, server_fields, entry) -> None:
         args, prev = self.args, None

@@ -315,13 +315,18 @@ def _run(tmp_path, monkeypatch, servers, *extra, out="out", **env):
 
 def test_an_adaptive_server_keeps_its_budget_switch_lines(tmp_path, monkeypatch):
     """run.json keeps the adaptive server's switch lines (which budget each batch-size bucket ran,
-    and the tau behind it), read from its log after the levels; a fixed server has none."""
+    and the tau behind it), read from its log after the levels; a fixed server has none. The
+    adaptive server's warm-up runs each level's full length (its controller explores and picks
+    before anything is timed), a fixed server's 8 tokens."""
     config = tmp_path / "budgets.json"
     config.write_text(json.dumps({"cost_ms": {"1": {"7": 26.0, "15": 28.0}}}))
-    rc, recs, _, log = _run(
+    rc, recs, started, log = _run(
         tmp_path,
         monkeypatch,
-        [f"qwen3.6-27b:ddtree:adaptive={config}:acc=7@3/15@3", "qwen3.6-27b:ddtree:b=15"],
+        [
+            f"qwen3.6-27b:ddtree:adaptive={config}:acc=7@3/15@3:stages",
+            "qwen3.6-27b:ddtree:b=15:acc=3:stages",
+        ],
     )
     assert rc == 0 and len(recs) == 6
     adaptive, fixed = log["servers"]
@@ -330,6 +335,12 @@ def test_an_adaptive_server_keeps_its_budget_switch_lines(tmp_path, monkeypatch)
     assert sorted(int(ln.split()[1]) for ln in lines) == [1, 2, 4]
     assert lines[0].endswith("runs budget 15 (was None); tau per budget {15: 3.0}.")
     assert fixed["budget_switch_log"] == []
+    # decode steps of the three batch sizes: the warm-up's and the level's (the prefill alone has
+    # none); 13 tokens at 3 a step are 4 steps, the fixed server's 8-token warm-up ceil(7 / 3) = 3
+    assert adaptive["stages"]["steps"] == 3 * (4 + 4)
+    assert fixed["stages"]["steps"] == 3 * (3 + 4)
+    # late Triton compilations are logged from 50 ms (SGLang's default: 1 s)
+    assert all(c["env"]["SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS"] == "0.05" for c in started)
 
 
 def test_run_writes_one_record_per_level(tmp_path, monkeypatch):
