@@ -6,7 +6,7 @@
 #            and concurrently, tokens per verify step, load sweep C = SWEEP, default 1..16);
 #  adaptive: DDTREE with --speculative-adaptive and e2e/adaptive_budgets_tiny.json (candidates
 #            15/31/63 at bs 1-3, 15/31 at 4-15, 15 from 16: a switching exercise, not a measured
-#            cost table), the same checks, compared with the fixed part's e2e.json when it is there
+#            cost table), the same checks, compared with the fixed part's AR server when it ran one
 #            (--baseline); exits 1 unless the server's log shows the per-width verify states it built
 #            ("DDTREE budget by batch size: target verify states ...").
 # SWEEP_REQUESTS=R: requests per concurrency unit of each level (default 4; session 11's levels of 8
@@ -57,8 +57,15 @@ if [[ " $PARTS " == *" fixed "* ]]; then
   tail -n 30 "$OUT/fixed.log"
 fi
 if [[ " $PARTS " == *" adaptive "* ]]; then
+  # compared with the fixed part's AR outputs when it ran a successful AR server (session 22: a
+  # fixed part without AR made --baseline refuse, and the adaptive server never ran)
   baseline=()
-  [ -f "$OUT/fixed/e2e.json" ] && baseline=(--baseline "$OUT/fixed/e2e.json")
+  if [ -f "$OUT/fixed/e2e.json" ] && "$SGLANG_KIT_PYTHON" -c 'import json, sys
+sys.exit(0 if any(r["label"].startswith("ar") and r["ok"] for r in json.load(open(sys.argv[1]))) else 1)' "$OUT/fixed/e2e.json"; then
+    baseline=(--baseline "$OUT/fixed/e2e.json")
+  elif [ -f "$OUT/fixed/e2e.json" ]; then
+    echo "adaptive: the fixed part has no successful AR server; greedy outputs not compared with AR"
+  fi
   timeout "${ADAPTIVE_LIMIT_S:-300}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/adaptive" \
     "${common[@]}" "${baseline[@]}" --servers "ddtree63${MODS}" \
     --server-arg speculative-adaptive \

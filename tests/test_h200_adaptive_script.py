@@ -98,3 +98,27 @@ def test_sweep_passes_repeat_the_levels_and_bad_counts_stop_before_any_server(tm
         (tmp_path / "calls").unlink(missing_ok=True)
         proc_rc, calls = run(tmp_path, [], PARTS="fixed", SWEEP_PASSES=bad)
         assert proc_rc == 2 and calls == []
+
+
+@pytest.mark.parametrize(
+    "fixed, compared",
+    [
+        ([{"label": "ar+graphs", "ok": True}, {"label": "dflash+graphs", "ok": True}], True),
+        ([{"label": "dflash+graphs", "ok": True}], False),
+        ([{"label": "ar+graphs", "ok": False}], False),
+    ],
+)
+def test_the_adaptive_part_compares_with_the_fixed_ar_server_only_when_there_is_one(
+    tmp_path, fixed, compared
+):
+    """Session 22: a fixed part without AR (DFLASH and DDTREE(15)) made the adaptive part's
+    --baseline refuse before its server started, losing the call's adaptive run."""
+    fixed_e2e = tmp_path / "out/fixed/e2e.json"
+    fixed_e2e.parent.mkdir(parents=True)
+    fixed_e2e.write_text(json.dumps(fixed))
+    e2e = [{"label": "ddtree63+graphs+patched+replayssm", "ok": True, "log_ddtree": [STATES]}]
+    rc, calls = run(tmp_path, e2e, PARTS="adaptive")
+    argv = calls[0].split()
+    assert rc == 0 and ("--baseline" in argv) == compared
+    if compared:
+        assert argv[argv.index("--baseline") + 1] == str(fixed_e2e)
