@@ -55,8 +55,8 @@ neither does (B < L), L being the drafter horizon. Verification walks down the t
 slot indices grow along every path, so the tree of budget b accepts exactly the accepted nodes of
 the B-tree whose slot is <= b (for greedy verification; for sampling, in distribution).
 :func:`accepted_tokens_within` computes that (the worker runs it on the host copy of a step's
-accepted node ids), and one step at B updates tau of every
-candidate it measures (:meth:`BudgetController.measured_by`), not only B's.
+accepted node ids), and one step at B updates tau of every candidate it measures
+(:meth:`BudgetController.measured_by`), not only B's.
 """
 
 from __future__ import annotations
@@ -222,7 +222,9 @@ class BudgetController:
         self._observed = 0  # observed (non-empty) steps
         self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe
-        self._measured: dict[int, tuple[int, ...]] = {}  # measured_by per candidate, asked per step
+        # measured_by of every candidate, asked several times a step: computed once here (empty
+        # while measured_by fills it)
+        self._measured: dict[int, tuple[int, ...]] = {}
         self._measured = {b: self.measured_by(b) for b in policy.budgets}
 
     # -------------------------------------------------------------------------- routing

@@ -264,7 +264,7 @@ class DDTreeWorker(DFlashWorkerV2):
         host.copy_(accept_index, non_blocking=True)
         self.measured.append((self.config.budget, self.config.verify_width, host, batch_size))
 
-    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the sums kept by measure_budgets carry more
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the node ids kept by measure_budgets carry more
         """Scheduler hook, once per decode step in launch order, when that step's accept lengths
         are on the host: its accepted node ids, copied before them on the same stream, are too."""
         if self.budgets is None or not self.measured:
