@@ -39,7 +39,8 @@ refuses the flag for DFLASH on GDN models, "requires a KDA model"), ``stages``
 (``SGLANG_DDTREE_STAGE_TIMES``: DDTREE's per-stage step times, DFLASH's whole step as one stage,
 both with the GPU time between steps; summarised per batch size), ``profile=C[,C...]`` (after the
 levels, a torch-profiler trace of ``--profile-steps`` decode steps at each C, summarised by
-:mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs; the trace starts at the first
+:mod:`e2e.trace`: top kernels, whether the step replays CUDA graphs, which host operators the eager
+launches come from; the trace starts at the first
 decode batch of at least the smallest of these C, so each C's prompts must fit one prefill batch:
 C x 512 tokens <= SGLang's chunked prefill size).
 

@@ -9,11 +9,17 @@ eagerly. The verdict ``verify_graph_replayed`` needs (a) at least one graph laun
 verify forward (all target layers at the verify width) is by far the largest part of a step, so a
 verify that ran eagerly -- graphs only for the drafter's few layers -- cannot pass (b), while the
 eager work around a replayed verify (top-K, tree build, walk, commit) can stay a minority.
+
+Where the eager launches come from (``eager_sites``): each eager kernel launch is charged to the
+outermost host operator (a ``cpu_op`` event, e.g. ``aten::index_put_``) running on its thread when
+it was launched, or, launched outside any operator (a Triton kernel called from Python), to the
+kernel itself; per site, the launches and their kernels' GPU time per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import sys
@@ -40,12 +46,44 @@ def load_events(path: str | Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+def _outermost_ops(events: list[dict]) -> dict[tuple, tuple[list[float], list[tuple]]]:
+    """Per (pid, tid): the host operators not nested in another, as (sorted starts, [(start, end,
+    name)]) -- disjoint intervals, so one bisection finds the one around a time."""
+    by_thread: dict[tuple, list[tuple]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("ph") == "X" and "ts" in e:
+            start = float(e["ts"])
+            by_thread[e.get("pid"), e.get("tid")].append(
+                (start, start + float(e.get("dur", 0.0)), e.get("name", "?"))
+            )
+    out = {}
+    for thread, ops in by_thread.items():
+        ops.sort(key=lambda o: (o[0], -o[1]))
+        outer: list[tuple] = []
+        for op in ops:
+            if not outer or op[0] >= outer[-1][1]:
+                outer.append(op)
+        out[thread] = ([o[0] for o in outer], outer)
+    return out
+
+
+def _launch_site(launch: dict, outer: dict, kernel: str) -> str:
+    starts, ops = outer.get((launch.get("pid"), launch.get("tid")), ([], []))
+    if "ts" in launch and starts:
+        t = float(launch["ts"])
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and ops[i][0] <= t <= ops[i][1]:
+            return ops[i][2]
+    return f"(no operator) {kernel}"
+
+
 def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
     """Per-step GPU time split by origin (graph replay or eager launch), launch counts, the top
     GPU activities by total time, and the graph-replay verdict (see the module docstring)."""
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
     host = {}  # correlation id -> host call name
+    launches = {}  # correlation id -> its eager kernel launch event
     graph_launches = eager_launches = 0
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver"):
@@ -53,8 +91,12 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 host[corr] = name
+                if name in KERNEL_LAUNCHES:
+                    launches[corr] = e
             graph_launches += name in GRAPH_LAUNCHES
             eager_launches += name in KERNEL_LAUNCHES
+    outer = _outermost_ops(events)
+    sites: dict[str, dict] = defaultdict(lambda: {"launches": 0, "ms": 0.0})
     by_name: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "count": 0, "graph_ms": 0.0})
     total = {"graph": 0.0, "eager": 0.0}
     for e in events:
@@ -67,6 +109,11 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             else "eager"
         )
         total[origin] += ms
+        launch = launches.get((e.get("args") or {}).get("correlation"))
+        if launch is not None and e.get("cat") == "kernel":
+            site = sites[_launch_site(launch, outer, e.get("name", "?"))]
+            site["launches"] += 1
+            site["ms"] += ms
         row = by_name[e.get("name", "?")]
         row["ms"] += ms
         row["count"] += 1
@@ -93,6 +140,14 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             }
             for name, row in ranked
         ],
+        "eager_sites": [
+            {
+                "site": name,
+                "launches_per_step": row["launches"] / steps,
+                "gpu_ms_per_step": row["ms"] / steps,
+            }
+            for name, row in sorted(sites.items(), key=lambda kv: -kv[1]["launches"])[:top]
+        ],
     }
 
 
@@ -117,7 +172,16 @@ def markdown(summary: dict) -> str:
             f"| `{name}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} | "
             f"{100 * k['share']:.1f}% | {100 * k['in_graph']:.0f}% |"
         )
-    return head + "\n\n" + "\n".join(rows)
+    sites = [
+        "| eager launches from | launches/step | GPU ms/step |",
+        "|---|---|---|",
+    ]
+    for site in s.get("eager_sites", []):
+        name = site["site"] if len(site["site"]) <= 80 else site["site"][:77] + "..."
+        sites.append(
+            f"| `{name}` | {site['launches_per_step']:.1f} | {site['gpu_ms_per_step']:.3f} |"
+        )
+    return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(sites)
 
 
 def main(argv: list[str] | None = None) -> int:

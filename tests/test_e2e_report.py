@@ -163,6 +163,45 @@ def test_trace_flags_an_eager_verify():
     assert s["verify_graph_replayed"] is False
 
 
+def test_trace_charges_each_eager_launch_to_its_outermost_host_operator():
+    """eager_sites: a launch inside nested operators goes to the outermost one of its thread; one
+    outside every operator (a Triton kernel called from Python), or on a thread without operators,
+    to its kernel; graph launches are not eager launches."""
+
+    def op(name, ts, dur, tid=1):
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "pid": 0,
+            "tid": tid,
+        }
+
+    def launch(api, corr, ts, kernel, us, tid=1):
+        host = {**_ev("cuda_runtime", api, corr), "ts": ts, "pid": 0, "tid": tid}
+        return [host, _ev("kernel", kernel, corr, us)]
+
+    ev = [op("aten::index_put_", 0, 100), op("aten::copy_", 10, 20), op("aten::add", 200, 10)]
+    ev += launch("cudaLaunchKernel", 1, 15, "copy_kernel", 4)  # nested: the outer operator
+    ev += launch("cudaLaunchKernel", 2, 50, "scatter_kernel", 6)
+    ev += launch("cudaLaunchKernel", 3, 205, "add_kernel", 2)
+    ev += launch("cuLaunchKernel", 4, 300, "ddtree_select", 10)  # between operators
+    ev += launch("cuLaunchKernel", 5, 20, "ddtree_select", 10, tid=2)  # a thread without any
+    ev += launch("cudaGraphLaunch", 6, 400, "gemm", 1000)
+    s = trace.summarize(ev, steps=2)
+    assert s["eager_launches_per_step"] == 2.5
+    sites = {x["site"]: (x["launches_per_step"], x["gpu_ms_per_step"]) for x in s["eager_sites"]}
+    assert sites == {
+        "aten::index_put_": (1.0, pytest.approx(0.005)),
+        "(no operator) ddtree_select": (1.0, pytest.approx(0.01)),
+        "aten::add": (0.5, pytest.approx(0.001)),
+    }
+    assert [x["site"] for x in s["eager_sites"]][2] == "aten::add"  # by launches, most first
+    assert "| `aten::index_put_` | 1.0 | 0.005 |" in trace.markdown(s)
+
+
 def test_trace_cli(tmp_path, capsys):
     import gzip
 
