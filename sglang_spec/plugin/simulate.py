@@ -27,7 +27,8 @@ from sglang_spec.tree import DraftTree
 def best_path(tree: DraftTree) -> torch.Tensor:
     """Node slots ``[bs, L+1]`` of the path that takes the highest-score child at every depth
     (the lowest slot among equal scores), root first, ``-1`` past its end. No host sync, and a
-    fixed number of launches (about 20 at L = 15): each node's parent's best child is found with
+    fixed number of launches (37 kernel-launching torch ops at L = 15, counted on the CPU;
+    :func:`simulated_acceptance` adds 17): each node's parent's best child is found with
     two scatter-reductions, and the nodes whose whole ancestry is best children (the path) by
     pointer doubling, ``ceil(log2(L + 1))`` rounds. (A depth-by-depth walk took some 90 eager
     launches, 0.6 GPU ms per 27B step at C = 1, session 12.)"""
