@@ -151,6 +151,11 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
     }
 
 
+def _short(name: str) -> str:
+    """A kernel or operator name cut to 80 characters for a table cell."""
+    return name if len(name) <= 80 else name[:77] + "..."
+
+
 def markdown(summary: dict) -> str:
     s = summary
     head = (
@@ -167,9 +172,8 @@ def markdown(summary: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for k in s["top_kernels"]:
-        name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
         rows.append(
-            f"| `{name}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} | "
+            f"| `{_short(k['name'])}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.1f} | "
             f"{100 * k['share']:.1f}% | {100 * k['in_graph']:.0f}% |"
         )
     sites = [
@@ -177,9 +181,9 @@ def markdown(summary: dict) -> str:
         "|---|---|---|",
     ]
     for site in s.get("eager_sites", []):
-        name = site["site"] if len(site["site"]) <= 80 else site["site"][:77] + "..."
         sites.append(
-            f"| `{name}` | {site['launches_per_step']:.1f} | {site['gpu_ms_per_step']:.3f} |"
+            f"| `{_short(site['site'])}` | {site['launches_per_step']:.1f} | "
+            f"{site['gpu_ms_per_step']:.3f} |"
         )
     return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(sites)
 

@@ -222,10 +222,8 @@ class BudgetController:
         self._observed = 0  # observed (non-empty) steps
         self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe
-        # measured_by of every candidate, asked several times a step: computed once here (empty
-        # while measured_by fills it)
-        self._measured: dict[int, tuple[int, ...]] = {}
-        self._measured = {b: self.measured_by(b) for b in policy.budgets}
+        # measured_by of every candidate, asked several times a step: computed once
+        self._measured = {b: self._nested_candidates(b) for b in policy.budgets}
 
     # -------------------------------------------------------------------------- routing
     def bucket_of(self, batch_size: int) -> int:
@@ -239,8 +237,9 @@ class BudgetController:
     def measured_by(self, budget: int) -> tuple[int, ...]:
         """The candidate budgets one step at ``budget`` measures (nested trees), ascending."""
         known = self._measured.get(budget)
-        if known is not None:
-            return known
+        return known if known is not None else self._nested_candidates(budget)
+
+    def _nested_candidates(self, budget: int) -> tuple[int, ...]:
         if not self.nested:
             return (budget,)
         from sglang_spec.tree.build import nested_in  # torch: not at module level
