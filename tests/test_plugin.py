@@ -30,6 +30,7 @@ from sglang_spec.plugin.config import (
     DDTreeConfig,
     DDTreeConfigError,
 )
+from sglang_spec.tree import TreeMaskMode
 
 TARGET_CFG = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -969,6 +970,40 @@ def _extend_batch(bs, extend_lens):
     )
 
 
+@pytest.mark.usefixtures("loaded")
+@pytest.mark.parametrize("mode", [None, TreeMaskMode.QLEN_ONLY])
+def test_every_candidate_budget_lays_out_a_tree_at_start_up(tmp_path, monkeypatch, mode):
+    """An adaptive server lays out one tree at each candidate budget before serving, in the
+    target backend's mask mode (FULL_MASK without a VerifyMask) and with the GDN path table when
+    ReplaySSM verifies: the eager Triton layout kernel then compiles once per width at start-up,
+    where session 23's 27B server compiled it inside served levels (0.3-0.4 s each)."""
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    w, _ = _staged_worker([])
+    path = _budget_file(tmp_path, {"1": {"3": 10, "7": 11}, "8": {"15": 12}})
+    w.config = DDTreeConfig(8, 16, 4, 1.0, adaptive_config=path)  # horizon 7
+    monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2, 4, 8])
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
+    w.init_budgets()
+    vm = None if mode is None else SimpleNamespace(mode=int(mode))
+    w._target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(attn_backend=SimpleNamespace(verify_mask=vm))
+    )
+    w.server_args = SimpleNamespace(enable_linear_replayssm_spec=True)
+    laid = []
+    real = worker_mod.verify_input_from_tree
+
+    def record(tree, seq_lens, config, **kw):
+        laid.append((tree.width, config.verify_width, kw["mask_mode"], kw["with_paths"]))
+        return real(tree, seq_lens, config, **kw)
+
+    monkeypatch.setattr(worker_mod, "verify_input_from_tree", record)
+    w.warm_tree_layouts()
+    want = TreeMaskMode.FULL_MASK if mode is None else mode
+    assert sorted(laid) == [(n, n, want, True) for n in (4, 8, 16)]
+
+
 def _staged_worker(calls, tick=None):
     """A DDTreeWorker without SGLang runners: each stage records its call (and ``tick``s the fake
     clocks of a timing test) and returns a token."""
@@ -1091,6 +1126,9 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     monkeypatch.setattr(
         DFlashWorkerV2, "init_cuda_graphs", lambda self: calls.append(("drafter", self is w))
     )
+    monkeypatch.setattr(
+        worker_mod.DDTreeWorker, "warm_tree_layouts", lambda self: calls.append(("warm", self is w))
+    )
     w.init_budgets()
     assert w.budgets.on_switch is worker_mod._log_budget_switch  # rank 0 logs each switch
     with caplog.at_level("INFO", logger="sglang_spec.plugin"):
@@ -1100,8 +1138,9 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
         "{7: 2.012, 15: 3.0}." in caplog.messages
     )
     w.init_cuda_graphs()
-    # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4
-    assert calls == [("drafter", True)] and built == [(4, [1, 2, 4])]
+    # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4;
+    # then every budget's tree layout is compiled
+    assert calls == [("drafter", True), ("warm", True)] and built == [(4, [1, 2, 4])]
     assert w.verify_states[4] == adapter.TargetVerifyState(5, "backend5", "graphs5")
     mr = w.target_worker.model_runner
 
@@ -1156,7 +1195,7 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     assert w.budgets.tau[3] == pytest.approx(0.8 * tau[3] + 0.2 * 2)
     w.on_verify_complete_cpu([0] * 4, batch_size=4)
     assert not w.measured
-    assert [name for name, _ in calls[1:8]] == list(STAGES)
+    assert [name for name, _ in calls[2:9]] == list(STAGES)
     assert w.budgets.nested and w.budgets.measured_by(4) == (3, 4)
     # a simulated tau per budget: each step measures only the budget it ran
     w.config = replace(

@@ -22,6 +22,7 @@ def _cases():
     cases = []
     shapes = [(3, 4, 7, 10), (2, 1, 3, 5), (4, 6, 50, 33), (1, 15, 100, 64), (2, 3, 2, 9)]
     shapes += [(5, 2, 40, 1), (3, 6, 5, 4), (3, 5, 6, 5)]
+    shapes += [(20, 3, 8, 6)]  # more requests than the layout kernel sums per iteration (16)
     for (bs, L, V, B), chain in itertools.product(shapes, (True, False)):
         lg = torch.randn(bs, L, V, generator=g)
         lg[0, :, 1] = float("-inf")  # impossible tokens

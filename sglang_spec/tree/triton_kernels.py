@@ -157,7 +157,7 @@ def _layout_kernel(
     MODE: tl.constexpr,
     BI: tl.constexpr,
     NB: tl.constexpr,
-    BSB: tl.constexpr,
+    RB: tl.constexpr,  # requests summed per iteration for the FULL_MASK offset
     PW: tl.constexpr,  # path table width (0: no table)
     PWB: tl.constexpr,
 ):
@@ -209,8 +209,13 @@ def _layout_kernel(
         if (
             MODE == 0
         ):  # FULL_MASK: request b's rows hold (seq_len_b + N) columns, requests concatenated
-            reqs = tl.arange(0, BSB)
-            before = tl.sum(tl.load(seq_lens_ptr + reqs, mask=reqs < b, other=0), axis=0)
+            # A loop over the requests before b, not a [next_pow2(bs)] block: no constexpr
+            # depends on the batch size, so one compile per budget serves every batch size (an
+            # adaptive server compiled one per (budget, batch-size class) mid-serving).
+            before = tl.load(seq_lens_ptr + b) * 0
+            for r0 in range(0, b, RB):
+                reqs = r0 + tl.arange(0, RB)
+                before += tl.sum(tl.load(seq_lens_ptr + reqs, mask=reqs < b, other=0), axis=0)
             row_start = (before + b * N) * N + rows * (seq_len + N)
             for c in range(0, seq_len, 128):  # the verified prefix is visible to every node
                 pc = c + tl.arange(0, 128)
@@ -273,7 +278,7 @@ def tree_layout(
         MODE=int(mode),
         BI=BI,
         NB=triton.next_power_of_2(N),
-        BSB=triton.next_power_of_2(bs),
+        RB=16,
         PW=path_width or 0,
         PWB=triton.next_power_of_2(path_width or 1),
     )
