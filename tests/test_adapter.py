@@ -318,6 +318,11 @@ def test_refresh_verify_graph_buffers_calls_only_the_backends_that_keep_some():
     adapter.refresh_verify_graph_buffers(triton, "spec", 2)
 
 
+def triton_np2(n: int) -> int:
+    """``triton.next_power_of_2`` (SGLang's ``next_power_of_2``) for n >= 1."""
+    return 1 << (n - 1).bit_length()
+
+
 def _kv_pool(upper: int | None):
     """SGLang's own MHATokenToKVPool (its move_kv_cache and chunking), without buffers."""
     import sglang.srt.mem_cache.memory_pool as mp
@@ -339,7 +344,7 @@ def test_kv_move_launches_are_capped_at_rows_that_do_not_spill(monkeypatch):
     launches of up to 256 rows at the 27B shape's row size, a specialization that spills to a
     7440-byte stack (tests/test_triton_compile_sm90.py). After cap_kv_move_chunks (through a
     hybrid pool, as the 27B shape has) every launch is at most KV_MOVE_ROWS, and that
-    specialization was launched once at start-up on slot 0."""
+    specialization was launched at start-up on slot 0 with 1, 3 and KV_MOVE_ROWS slots."""
     import sglang.srt.mem_cache.memory_pool as mp
 
     launches = []
@@ -357,7 +362,12 @@ def test_kv_move_launches_are_capped_at_rows_that_do_not_spill(monkeypatch):
     hybrid.full_kv_pool = pool
     assert adapter.cap_kv_move_chunks(hybrid) is True
     rows = adapter.KV_MOVE_ROWS
-    assert launches == [(rows, rows, 0, 0)]  # the warm-up: slot 0 onto itself
+    # the warm-up: slot 0 onto itself, once per variant a move of 1..rows slots compiles
+    warm = [1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80]
+    assert adapter.kv_move_warm_counts(rows) == warm
+    assert launches == [(n, triton_np2(n), 0, 0) for n in warm]
+    variant = {(triton_np2(n), n == 1, n % 16 == 0) for n in range(1, rows + 1)}
+    assert {(u, n == 1, n % 16 == 0) for n, u, _, _ in launches} == variant
     launches.clear()
     pool.move_kv_cache(slots, slots)
     assert [(n, u) for n, u, _, _ in launches] == [(rows, rows)] * (512 // rows)

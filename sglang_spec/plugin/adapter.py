@@ -950,8 +950,10 @@ KV_MOVE_ROWS = 128
 
 def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
     """Make SGLang's KV-move (the tree compaction of ``finalize_accept_tree_path``) copy at most
-    ``rows`` slots per launch of its tiled kernel, and launch that specialization once on slot 0
-    (as SGLang's pool warms its own), so that it is compiled at start-up, not in a decode step.
+    ``rows`` slots per launch of its tiled kernel, and launch it on slot 0 onto itself (as SGLang's
+    pool warms its own) for every specialization a move can hit (:func:`kv_move_warm_counts`), so
+    each is compiled at start-up, not in a decode step (session 23's 27B server compiled one inside
+    a served level, 0.16 s).
     ``kv_cache`` is the allocator's ``get_kvcache()``; a hybrid pool's full-attention pool is the
     one that moves. Returns False, changing nothing, for a pool without the tiled copy (HND
     layouts, native moves)."""
@@ -960,9 +962,29 @@ def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
     if config is None:
         return False
     config["num_locs_upper"] = min(int(config.get("num_locs_upper", rows)), rows)
-    slot0 = torch.zeros(config["num_locs_upper"], dtype=torch.int64, device=pool.device)
-    pool.move_kv_cache(slot0, slot0)
+    for n in kv_move_warm_counts(config["num_locs_upper"]):
+        slot0 = torch.zeros(n, dtype=torch.int64, device=pool.device)
+        pool.move_kv_cache(slot0, slot0)
     return True
+
+
+def kv_move_warm_counts(cap: int) -> list[int]:
+    """Slot counts, one per compiled variant of SGLang's tiled KV move for moves of 1..``cap``
+    slots: the launch passes ``next_power_of_2(n)`` as a constexpr, and Triton specialises the
+    runtime ``n`` as 1, a multiple of 16, or any other value; each (power of two, class) pair that
+    some ``n`` reaches gets its smallest ``n``."""
+    counts = []
+    for upper in (1 << k for k in range(max(cap, 1).bit_length())):
+        if upper > cap:
+            break
+        reach = range(upper // 2 + 1, upper + 1)
+        for cls in ("one", "x16", "other"):
+            hits = [
+                n for n in reach if cls == ("one" if n == 1 else "x16" if n % 16 == 0 else "other")
+            ]
+            if hits:
+                counts.append(hits[0])
+    return sorted(counts)
 
 
 def draw_simulated_accept_len(tau: float, max_len: int) -> int:
