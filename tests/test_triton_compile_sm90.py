@@ -129,7 +129,7 @@ def test_layout_kernel_with_paths_compiles_for_sm90(width, mode):
     types = {p: "*i64" for p in (*i64, "next_sibling_ptr", "retrieve_index_ptr")}
     types |= dict(mask_ptr="*i8" if mode < 2 else "*u16", paths_ptr="*i32")
     nb = triton.next_power_of_2(width)
-    consts = dict(N=width, HOPS=15, MODE=mode, BI=32, NB=nb, BSB=32, PW=16, PWB=16)
+    consts = dict(N=width, HOPS=15, MODE=mode, BI=32, NB=nb, RB=32, PW=16, PWB=16)
     assert compile_sm90(tk._layout_kernel, consts, types=types)["cubin"]
 
 
