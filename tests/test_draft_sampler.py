@@ -332,7 +332,8 @@ def check_verify_reuses_the_draft_lookup() -> None:
     for bs, width in itertools.product([1, 3], [4, 16, 64]):
         pool = torch.randperm(6, generator=g)[:bs]
         prefix = torch.randint(0, 100, (bs,), generator=g)
-        window = draft_window(pool, req_to_token, prefix, block, width)
+        window = draft_window(pool, req_to_token, prefix, torch.arange(max(block, width)))
+        assert window.dtype == torch.int64 and window.shape == (bs, max(block, width))
         plan = SimpleNamespace(write_virtual=window[:, :block].reshape(-1), read_extent=block)
         locs, verify_plan = verify_write_locs(window, plan, block, width)
         want = cache_locs.assign_extend_cache_locs_uniform_func(

@@ -1913,6 +1913,7 @@ def test_worker_starts_in_sglangs_own_scheduler_order(models, monkeypatch):
     def upstream_init(self, server_args, gpu_id, nccl_port, target_worker):  # noqa: ARG001
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner  # dflash_worker_v2.py:401
+        self.device = torch.device("cpu")  # target_worker.device, dflash_worker_v2.py:407
         self.draft_parallel_layout = None
         self.speculative_num_draft_tokens = 32
         events.append("draft worker")
@@ -1994,6 +1995,7 @@ def test_worker_init_resizes_the_draft_block_and_pool_allocation_caps_the_kv_mov
 
     def upstream_init(self, *_args):
         self.model_runner = SimpleNamespace(token_to_kv_pool_allocator=None)  # pools come later
+        self.device = torch.device("cpu")
         self.speculative_num_draft_tokens = 32  # the width leak resize_draft_block undoes
 
     def upstream_alloc(
@@ -2022,6 +2024,8 @@ def test_worker_init_resizes_the_draft_block_and_pool_allocation_caps_the_kv_mov
     assert calls == [("block", 16), ("draft pools", "cfg", "req", allocator), ("cap", kv)]
     assert w.config is cfg and w.speculative_num_draft_tokens == 32
     assert w.stage_timer is None and w.budgets is None
+    # the draft window's columns cover the verify (32) beyond the draft block (16)
+    assert torch.equal(w.window_offsets, torch.arange(32))
 
 
 def test_worker_prewarms_sampling_without_dflashs_dense_rehearsal(monkeypatch):

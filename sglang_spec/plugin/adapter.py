@@ -241,17 +241,6 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "extra_keep_alive_refs",
         )
     ),
-    "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_func": Sig(
-        (
-            "req_pool_indices",
-            "req_to_token",
-            "start_offset",
-            "end_offset",
-            "batch_size",
-            "draft_token_num",
-            "device",
-        )
-    ),
     "sglang.srt.lora.layers:unwrap_lora_layer": Sig(("module",)),
     f"{_SPEC_UTILS}:draft_tp_context": Sig(("layout",)),
     f"{_SPEC_UTILS}:GrammarTree": Exists(),

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -161,6 +160,10 @@ class DDTreeWorker(DFlashWorkerV2):
         # speculative_num_draft_tokens, which for DDTREE is the verify width.
         adapter.resize_draft_block(self, self.config.block_size)
         self.speculative_num_draft_tokens = self.config.verify_width
+        # draft_window's columns, for the server's width (with budget by batch size the largest)
+        self.window_offsets = torch.arange(
+            max(self.config.block_size, self.config.verify_width), device=self.device
+        )
         why = adapter.unsupported_drafter_head(self)
         if why is not None:
             raise ValueError(f"DDTREE needs a plain DFlash drafter (per-depth marginals): {why}.")
@@ -403,8 +406,7 @@ class DDTreeWorker(DFlashWorkerV2):
             batch.req_pool_indices,
             self.model_runner.req_to_token_pool.req_to_token,
             prefix_lens,
-            block,
-            self.config.verify_width,
+            self.window_offsets[: max(block, self.config.verify_width)],
         )
         buf.cache_loc.copy_(window[:, :block])
         emb = adapter.embed_draft_block(self, buf.block_ids)
@@ -752,23 +754,16 @@ def draft_window(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
     prefix_lens: torch.Tensor,
-    block: int,
-    verify_width: int,
+    offsets: torch.Tensor,
 ) -> torch.Tensor:
-    """``[bs, W]`` KV slots (virtual ids, ``req_to_token``'s) of ``prefix + arange(W)``,
-    ``W = max(block, verify_width)``: the iteration's window, looked up once for the draft block
-    (its first ``block`` columns) and the verify (its first ``verify_width``)."""
-    bs = int(prefix_lens.shape[0])
-    width = max(block, verify_width)
-    return assign_extend_cache_locs_func(
-        req_pool_indices=req_pool_indices,
-        req_to_token=req_to_token,
-        start_offset=prefix_lens,
-        end_offset=prefix_lens + width,
-        batch_size=bs,
-        draft_token_num=width,
-        device=prefix_lens.device,
-    ).view(bs, width)
+    """``[bs, W]`` int64 KV slots (virtual ids, ``req_to_token``'s) of ``prefix + offsets``,
+    ``offsets = arange(W)``, ``W = max(block, verify_width)``: the iteration's window, looked up
+    once for the draft block (its first ``block`` columns) and the verify (its first
+    ``verify_width``). A torch gather, not SGLang's ``assign_extend_cache_locs``: that Triton
+    kernel specialises on the batch size's power of two and compiled 18 variants after serving
+    started on the 27B adaptive server (session 24), two inside timed levels."""
+    cols = prefix_lens.unsqueeze(1) + offsets
+    return req_to_token[req_pool_indices.unsqueeze(1), cols].to(torch.int64)
 
 
 def verify_write_locs(
