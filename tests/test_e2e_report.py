@@ -147,6 +147,20 @@ def test_trace_splits_graph_and_eager_time():
     assert top[0]["in_graph"] == 1.0 and top[1]["in_graph"] == 0.0
     assert top[0]["share"] == pytest.approx(20.0 / 22.1) and top[1]["calls_per_step"] == 1.0
     assert "verify replays a CUDA graph: yes" in trace.markdown(s)
+    assert s["other_kernels"]["kernels"] == 0 and "other kernels" not in trace.markdown(s)
+
+
+def test_trace_sums_the_kernels_below_the_top():
+    """With ``top`` = 2 the table still accounts for the whole step: the other two kernels'
+    time and calls in one row."""
+    s = trace.summarize(_events(4, graph_ms=20.0, eager_ms=2.0), steps=4, top=2)
+    assert [k["name"] for k in s["top_kernels"]] == ["gemm", "topk"]
+    other = s["other_kernels"]
+    assert other["kernels"] == 2 and other["calls_per_step"] == 2.0
+    assert other["ms_per_step"] == pytest.approx(1.1) and other["share"] == pytest.approx(
+        1.1 / 22.1
+    )
+    assert "| (2 other kernels) | 1.100 | 2.0 | 5.0% | |" in trace.markdown(s)
 
 
 def test_trace_flags_an_eager_verify():
