@@ -4,11 +4,12 @@
 summed in one row) and says whether the steps replay CUDA graphs. Every GPU activity in a Kineto
 trace carries the ``correlation`` id of the host call that launched it: a kernel whose launch is
 ``cudaGraphLaunch`` ran inside a replayed graph, one launched by ``cudaLaunchKernel`` /
-``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least one graph launch per step and
-(b) graph-launched work holding the majority of the steps' GPU time: for a real-scale target the
-verify forward (all target layers at the verify width) is by far the largest part of a step, so a
-verify that ran eagerly -- graphs only for the drafter's few layers -- cannot pass (b), while the
-eager work around a replayed verify (top-K, tree build, walk, commit) can stay a minority.
+``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least
+one graph launch per step and (b) graph-launched work holding the majority of the steps' GPU time:
+for a real-scale target the verify forward (all target layers at the verify width) is by far the
+largest part of a step, so a verify that ran eagerly -- graphs only for the drafter's few layers --
+cannot pass (b), while the eager work around a replayed verify (top-K, tree build, walk, commit) can
+stay a minority.
 
 Where the eager launches come from (``eager_sites``): each eager kernel launch is charged to the
 outermost host operator (a ``cpu_op`` event, e.g. ``aten::index_put_``) running on its thread when
