@@ -34,14 +34,15 @@ def _path(parents_row: torch.Tensor, node: int) -> list[int]:
     return path[::-1]
 
 
-def _setup(bs: int, budget: int, seed: int, dtype=torch.float32, activations=None):
+def _setup(bs: int, budget: int, seed: int, dtype=torch.float32, activations=None, channels=C):
     """Pools (conv dtype ``dtype``), the verify's conv inputs (``activations``, default the same)
     and one random accepted path per request, ``accept_index`` exactly as wide as the longest."""
     g = torch.Generator().manual_seed(seed)
     parents = _trees(bs, budget, seed)
     n = parents.shape[1]
-    conv = torch.randn(LAYERS, SLOTS, C, W - 1, generator=g).to(dtype)
-    mixed = torch.randn(LAYERS, bs * n, C, generator=g).to(activations or dtype)
+    # laid out as SGLang's pool: channels contiguous
+    conv = torch.randn(LAYERS, SLOTS, W - 1, channels, generator=g).to(dtype).transpose(2, 3)
+    mixed = torch.randn(LAYERS, bs * n, channels, generator=g).to(activations or dtype)
     slots = torch.randperm(SLOTS - 1, generator=g)[:bs] + 1  # slot 0 is SGLang's dummy
     rows = torch.randperm(bs + 2, generator=g)[:bs]  # any rows, not the batch positions
     paths = []
@@ -69,7 +70,7 @@ def _verify(s: dict, width: int | None = None) -> torch.Tensor:
     """Every layer's save_conv_inputs into a fresh pool buffer (NaN: unwritten entries show)."""
     bs = s["slots"].shape[0]
     inputs = conv_inputs_buffer(
-        (C, W - 1), LAYERS, bs + 2, width or s["n"], s["conv"].dtype, "cpu"
+        tuple(s["conv"].shape[2:]), LAYERS, bs + 2, width or s["n"], s["conv"].dtype, "cpu"
     ).fill_(float("nan"))
     for layer in range(LAYERS):
         save_conv_inputs(inputs[layer], s["conv"][layer], s["slots"], s["rows"], s["mixed"][layer])
@@ -182,6 +183,58 @@ def test_track_snapshot_is_the_state_as_of_the_tracked_node():
             assert torch.equal(conv[layer, s["slots"][b]], want)
     untouched = track_slots[[0, 2]]
     assert torch.equal(conv[:, untouched], s["conv"][:, untouched])
+
+
+def check_triton_commit_equals_torch(device: str = "cpu") -> None:
+    """The Triton commit (one launch) writes what the torch commit writes into every slot but
+    SGLang's dummy slot 0 (where the torch form parks the requests that commit nothing): int32
+    accept_index and lengths as SGLang passes them, a request that commits nothing, channels
+    spanning several blocks, with and without the track snapshot (a middle node, the root, a node
+    off the accepted path and -1), float32 and bf16 conv states."""
+    from sglang_spec.gdn.triton_tree_conv import BLOCK_C, commit_conv_states_triton
+
+    for dtype in (torch.float32, torch.bfloat16):
+        s = _setup(bs=4, budget=40, seed=13, dtype=dtype, channels=BLOCK_C + 40)
+        s["lens"][2] = 0
+        inputs = _verify(s)
+        index = s["index"].to(torch.int32)
+        others = [i for i in range(1, SLOTS) if i not in s["slots"].tolist()]
+        off_path = next(i for i in range(1, s["n"]) if i not in s["paths"][2])
+        mid = s["paths"][1][len(s["paths"][1]) // 2]
+        track = (torch.tensor(others[:4]), torch.tensor([-1, mid, off_path, 0]))
+        for tracked in (None, track):
+            want = s["conv"].clone()
+            got = s["conv"].clone().to(device)
+            extra = () if tracked is None else tracked
+            commit_conv_states(
+                want, inputs, s["slots"], s["rows"], index, s["lens"], s["n"], *extra
+            )
+            commit_conv_states_triton(
+                got,
+                inputs.to(device),
+                s["slots"].to(device),
+                s["rows"].to(device),
+                index.to(device),
+                s["lens"].to(device),
+                s["n"],
+                *(t.to(device) for t in extra),
+            )
+            got = got.cpu()
+            assert torch.equal(got[:, 1:], want[:, 1:]), (dtype, tracked is not None)
+            assert torch.equal(got[:, 0], s["conv"][:, 0])  # nothing parked in the dummy slot
+
+
+def test_triton_commit_equals_torch_under_interpreter():
+    from tree_testing import run_under_triton_interpreter
+
+    run_under_triton_interpreter(
+        "test_gdn_tree_conv", "check_triton_commit_equals_torch", "COMMIT_OK"
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
+def test_triton_commit_equals_torch_on_cuda():
+    check_triton_commit_equals_torch("cuda")
 
 
 def test_verify_rows_hold_the_state_then_the_inputs_and_a_narrower_width_fits():

@@ -187,3 +187,61 @@ def test_sharded_topk_through_static_all_gathers_merges_to_the_full_vocabulary()
         for logq, ids in _run_tp(hid, weights, shards, k, static_capacity=capacity):
             torch.testing.assert_close(logq, exp_logq, rtol=1e-5, atol=1e-5)
             assert torch.equal(ids, exp_ids)
+
+
+# ----------------------------------------------------------------------------------------
+# the Triton top-K and log-sum-exp (CUDA's path of top_logits)
+# ----------------------------------------------------------------------------------------
+
+
+def _top_logits_cases():
+    """(logits [R, V], k, temperature, tile width): tiles of fewer than k columns, a partial last
+    tile, exact ties across tiles, -inf tokens and a row of them, bf16 logits."""
+    g = torch.Generator().manual_seed(7)
+    ties = torch.randint(-2, 2, (4, 37), generator=g).float()
+    ties[1] = 0.25  # one value everywhere: the lowest ids win, across every tile
+    neginf = torch.randn(3, 29, generator=g)
+    neginf[0, torch.rand(29, generator=g) < 0.7] = float("-inf")
+    neginf[2] = float("-inf")  # fewer finite tokens than k, and none
+    big = torch.randn(2, 1000, generator=g) * 4
+    return [
+        (torch.randn(5, 50, generator=g), 6, 1.0, 16),
+        (ties, 5, 1.0, 8),
+        (ties, 12, 0.5, 8),  # k wider than a tile
+        (neginf, 4, 1.0, 8),
+        (neginf, 9, 1.0, 16),
+        (big.to(torch.bfloat16), 17, 0.75, 128),
+        (big, 3, 1e-8, 4096),  # one tile; the tree temperature the 27B runs use
+        (torch.randn(1, 5, generator=g), 5, 1.0, 4096),  # k = V
+    ]
+
+
+def check_top_logits_kernel(device: str = "cpu") -> None:
+    """The Triton kernels on ``device`` (on the CPU: run under TRITON_INTERPRET=1) against the
+    torch path of ``top_logits`` on the CPU: values and ids equal, the log-sum-exp to float32
+    rounding. On CUDA, ``python -c "import test_tree_topk as t; t.check_top_logits_kernel('cuda')"``
+    from tests/ (only there is the division's rounding the GPU's own)."""
+    from sglang_spec.tree.build import top_logits
+    from sglang_spec.tree.triton_topk import topk_logsumexp
+
+    for logits, k, temperature, tile in _top_logits_cases():
+        case = (tuple(logits.shape), logits.dtype, k, temperature, tile)
+        vals, ids, lse = (
+            t.cpu() for t in topk_logsumexp(logits.to(device), k, temperature, block_v=tile)
+        )
+        ref_vals, ref_ids, ref_lse = top_logits(logits, k, temperature)
+        assert vals.dtype == torch.float32 and ids.dtype == torch.int64, case
+        assert torch.equal(ids, ref_ids), (case, ids, ref_ids)
+        assert torch.equal(vals, ref_vals), (case, vals, ref_vals)
+        torch.testing.assert_close(lse, ref_lse, rtol=1e-6, atol=1e-6, msg=str(case))
+
+
+def test_top_logits_kernel_matches_torch_under_interpreter():
+    from tree_testing import run_under_triton_interpreter
+
+    run_under_triton_interpreter("test_tree_topk", "check_top_logits_kernel", "OK")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled Triton kernels need CUDA")
+def test_top_logits_kernel_matches_torch_on_cuda():
+    check_top_logits_kernel("cuda")

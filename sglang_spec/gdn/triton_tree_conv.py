@@ -1,5 +1,6 @@
 """Triton twins of :func:`sglang_spec.gdn.tree_conv.save_conv_inputs` and
-:func:`~sglang_spec.gdn.tree_conv.tree_conv`: one launch per layer each.
+:func:`~sglang_spec.gdn.tree_conv.tree_conv` (one launch per layer each) and of
+:func:`~sglang_spec.gdn.tree_conv.commit_conv_states` (one launch for all layers).
 
 - ``_save_conv_inputs_kernel``: the torch form is a gather, a transposed index-put and a second
   index-put (three or four kernels per GDN layer inside the verify's CUDA graph, 48 layers on the
@@ -10,6 +11,9 @@
   ``BN`` nodes at once: per tap, each node's input from its path row (or a pre-verify state
   column), times the tap's weight, into a float32 accumulator, in the order and the dtypes of
   SGLang's tree-mode ``_causal_conv1d_update_kernel`` (which visits the nodes one at a time).
+- ``_commit_conv_states_kernel``: program ``(request and target, layer, channel block)`` writes
+  the ``W - 1`` state columns of one request's slot (or its extra_buffer track slot) from its row,
+  along its accepted path.
 """
 
 from __future__ import annotations
@@ -192,3 +196,107 @@ def tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths) -
         num_warps=4,
     )
     return o
+
+
+@triton.jit
+def _commit_conv_states_kernel(
+    conv_ptr,
+    inputs_ptr,
+    slots_ptr,
+    rows_ptr,
+    index_ptr,
+    lens_ptr,
+    track_slots_ptr,
+    track_nodes_ptr,
+    s_cv_layer,
+    s_cv_slot,
+    s_cv_c,
+    s_cv_col,
+    s_in_layer,
+    s_in_row,
+    s_in_col,
+    s_ix_b,
+    bs,
+    C,
+    A,
+    N,
+    STATE_LEN: tl.constexpr,
+    AB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    p = tl.program_id(0)  # request b's own slot for p < bs, its track slot after
+    b = p % bs
+    layer = tl.program_id(1).to(tl.int64)
+    c = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < C
+    nodes_at = index_ptr + b.to(tl.int64) * s_ix_b
+    if p < bs:
+        dst = tl.load(slots_ptr + b).to(tl.int64)
+        end = tl.load(lens_ptr + b).to(tl.int32)
+    else:  # the track snapshot: the state as of the first accepted position holding the node
+        dst = tl.load(track_slots_ptr + b).to(tl.int64)
+        node = tl.load(track_nodes_ptr + b).to(tl.int32)
+        t = tl.arange(0, AB)
+        on_path = (tl.load(nodes_at + t, mask=t < A, other=-1) - b * N == node) & (t < A)
+        first = tl.min(tl.where(on_path, t, AB), axis=0)
+        end = tl.where((first < AB) & (node >= 0), first + 1, 0)
+    if (end > 0) & (dst >= 0):
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        src = inputs_ptr + layer * s_in_layer + row * s_in_row + c
+        out = conv_ptr + layer * s_cv_layer + dst * s_cv_slot + c * s_cv_c
+        for j in tl.static_range(STATE_LEN):
+            t = end - STATE_LEN + j  # the path position of state column j; < 0: pre-verify
+            node = tl.load(nodes_at + tl.maximum(t, 0)).to(tl.int32) - b * N
+            column = STATE_LEN + tl.where(t >= 0, node, t)
+            val = tl.load(src + column.to(tl.int64) * s_in_col, mask=ok)
+            tl.store(out + j * s_cv_col, val.to(conv_ptr.dtype.element_ty), mask=ok)
+
+
+def commit_conv_states_triton(
+    conv_states: torch.Tensor,
+    inputs: torch.Tensor,
+    slots: torch.Tensor,
+    rows: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    num_draft: int,
+    track_slots: torch.Tensor | None = None,
+    track_nodes: torch.Tensor | None = None,
+) -> None:
+    """``commit_conv_states`` in one launch (same arguments; ``inputs``' last dim contiguous,
+    ``accept_index``'s too). A request with nothing to commit writes nothing (the torch path
+    writes it into SGLang's dummy slot 0)."""
+    layers, _, channels, state_len = conv_states.shape
+    bs, width = accept_index.shape
+    if inputs.stride(-1) != 1 or accept_index.stride(-1) != 1:
+        raise ValueError(
+            f"inputs and accept_index need a contiguous last dim; got strides {inputs.stride()}, "
+            f"{accept_index.stride()}"
+        )
+    track = track_slots is not None and track_nodes is not None
+    if bs == 0:
+        return
+    grid = (bs * (2 if track else 1), layers, triton.cdiv(channels, BLOCK_C))
+    _commit_conv_states_kernel[grid](
+        conv_states,
+        inputs,
+        slots,
+        rows,
+        accept_index,
+        accept_lens,
+        track_slots if track else slots,  # unread without the track half of the grid
+        track_nodes if track else slots,
+        *conv_states.stride(),
+        inputs.stride(0),
+        inputs.stride(1),
+        inputs.stride(2),
+        accept_index.stride(0),
+        bs,
+        channels,
+        width,
+        num_draft,
+        STATE_LEN=state_len,
+        AB=triton.next_power_of_2(width),
+        BLOCK=BLOCK_C,
+        num_warps=4,
+    )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .build import check_tree_temperature, draft_topk, merge_sharded_topk
+from .build import check_tree_temperature, draft_topk, merge_sharded_topk, top_logits
 
 # local tensor [*shape] -> [world, *shape], ranks in order
 AllGather = Callable[[torch.Tensor], torch.Tensor]
@@ -51,9 +51,11 @@ class VocabShard:
 def shard_logits(
     hidden: torch.Tensor, weight: torch.Tensor, shard: VocabShard
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 logits ``[T, V_local]`` of this rank's real vocabulary rows and their global ids ``[V_local]``.
+    """Logits ``[T, V_local]`` (the weight's dtype) of this rank's real vocabulary rows and their
+    global ids ``[V_local]``.
 
     ``hidden`` is ``[T, H]``. Padding rows are dropped; other ranks' rows are never materialised.
+    No float32 copy: :func:`~sglang_spec.tree.build.top_logits` upcasts as it reads.
     """
     hs = hidden if hidden.dtype == weight.dtype else hidden.to(weight.dtype)
     dev = hidden.device
@@ -70,7 +72,9 @@ def shard_logits(
             torch.full((hs.shape[0], 1), float("-inf"), device=dev),
             torch.zeros(1, dtype=torch.int64, device=dev),
         )
-    return torch.cat(parts, dim=-1).float(), torch.cat(ids)
+    if len(parts) == 1:  # torch.cat would copy the logits
+        return parts[0], ids[0]
+    return torch.cat(parts, dim=-1), torch.cat(ids)
 
 
 def _pad_to(t: torch.Tensor, k: int, value: float) -> torch.Tensor:
@@ -105,12 +109,10 @@ def sharded_topk(
     if all_gather is None:
         logq, idx = draft_topk(logits.view(bs, L, -1), k_local, temperature)
         return _pad_to(logq, k, float("-inf")), _pad_to(vocab_ids[idx], k, 0)
-    if temperature != 1.0:
-        logits = logits / temperature
-    vals, idx = torch.topk(logits, k_local, dim=-1)
+    vals, idx, lse = top_logits(logits, k_local, temperature)
     vals = _pad_to(vals, k, float("-inf")).view(bs, L, k)
     ids = _pad_to(vocab_ids[idx], k, 0).view(bs, L, k)
-    lse = torch.logsumexp(logits, dim=-1).view(bs, L, 1)
+    lse = lse.view(bs, L, 1)
     # One collective: values, ids and log-sum-exp packed in one tensor (gathered_shape).
     packed = (vals.to(GATHER_DTYPE), ids.to(GATHER_DTYPE), lse.to(GATHER_DTYPE))
     gathered = all_gather(torch.cat(packed, dim=-1))
