@@ -238,3 +238,36 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
         res, sass = _cubin_resources(asm)
         assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, bv, res)
         assert _ptxas_stack_bytes(asm) == 0, (fn.__name__, bv)
+
+
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
+@pytest.mark.parametrize("k", [7, 17, 49])
+def test_topk_kernels_compile_for_sm90(dtype, k):
+    """The draft head's top-K at the 27B vocabulary: tiles of 4096, K up to budget 63's 49."""
+    from sglang_spec.tree import triton_topk as tt
+
+    kb = triton.next_power_of_2(k)
+    types = dict(logits_ptr=dtype, cand_id_ptr="*i32", V="i32", stride="i32", temp="fp32")
+    consts = dict(K=k, KB=kb, BV=4096, SCALE=True)
+    assert compile_sm90(tt._tile_topk_kernel, consts, types=types)["cubin"]
+    tiles = triton.cdiv(248320, 4096)
+    types = dict(cand_id_ptr="*i32", id_ptr="*i64", tiles="i32", V="i32")
+    consts = dict(K=k, KB=kb, CB=triton.next_power_of_2(tiles * kb), TB=64)
+    assert compile_sm90(tt._merge_kernel, consts, types=types)["cubin"]
+
+
+@pytest.mark.parametrize("conv_dtype", ["*bf16", "*fp32"])
+def test_commit_conv_states_kernel_compiles_for_sm90_unspecialised(conv_dtype):
+    """One variant for every batch size and budget: the arguments that change with them are not
+    specialised (a compile per new (batch, budget) pair fell inside a timed level, session 25)."""
+    from sglang_spec.gdn import triton_tree_conv as ttc
+
+    fn = ttc._commit_conv_states_kernel
+    params = list(inspect.signature(fn.fn).parameters)
+    unspecialised = {params[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    assert unspecialised >= {"bs", "A", "N", "s_ix_b"}
+    types = dict(conv_ptr=conv_dtype, inputs_ptr=conv_dtype, slots_ptr="*i64", rows_ptr="*i64")
+    types |= dict(index_ptr="*i32", lens_ptr="*i32", track_slots_ptr="*i64")
+    types |= dict(track_nodes_ptr="*i64")
+    consts = dict(STATE_LEN=3, AB=16, BLOCK=ttc.BLOCK_C)
+    assert compile_sm90(ttc._commit_conv_states_kernel, consts, types=types)["cubin"]
