@@ -243,14 +243,16 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
 @pytest.mark.parametrize("k", [7, 17, 49])
 def test_topk_kernels_compile_for_sm90(dtype, k):
-    """The draft head's top-K at the 27B vocabulary: tiles of 4096, K up to budget 63's 49."""
+    """The draft head's top-K at the 27B vocabulary: tiles of 4096, K up to budget 63's 49, the
+    candidate search without spilling."""
     from sglang_spec.tree import triton_topk as tt
 
-    kb = triton.next_power_of_2(k)
+    kb, tiles = triton.next_power_of_2(k), triton.cdiv(248320, 4096)
     types = dict(logits_ptr=dtype, cand_id_ptr="*i32", V="i32", stride="i32", temp="fp32")
-    consts = dict(K=k, KB=kb, BV=4096, SCALE=True)
-    assert compile_sm90(tt._tile_topk_kernel, consts, types=types)["cubin"]
-    tiles = triton.cdiv(248320, 4096)
+    assert compile_sm90(tt._tile_stats_kernel, dict(BV=4096, SCALE=True), types=types)["cubin"]
+    consts = dict(K=k, KB=kb, TB=64, BV=4096, SCALE=True)
+    asm = compile_sm90(tt._tile_candidates_kernel, consts, types=types)
+    assert asm["cubin"] and _ptxas_stack_bytes(asm) == 0  # a 4096-wide tile in registers
     types = dict(cand_id_ptr="*i32", id_ptr="*i64", tiles="i32", V="i32")
     consts = dict(K=k, KB=kb, CB=triton.next_power_of_2(tiles * kb), TB=64)
     assert compile_sm90(tt._merge_kernel, consts, types=types)["cubin"]

@@ -1,21 +1,28 @@
 """Triton twin of the per-depth top-K and log-sum-exp of :func:`~sglang_spec.tree.build.draft_topk`
-(CUDA): one read of the LM head's logits, no float32 copy of them.
+(CUDA): the LM head's logits read once, plus the few tiles that hold the top K; no float32 copy.
 
 On the 27B shape at 16 requests the torch path (a float32 copy of the ``[240, 248320]`` logits,
 the division by the tree temperature, ``torch.topk``'s radix select and ``torch.logsumexp``) took
-1.5 ms of a 36 ms step on the H200 (session 25's kernel trace), 30 times what reading the bf16
-logits once costs. Two kernels:
+1.5 ms of a 36 ms step on the H200 (session 25's kernel trace). Three kernels:
 
-1. per (row, tile of ``BV`` tokens): the tile's max and sum of ``exp(x - max)``, and its top ``K``
-   by ``K`` rounds of (max, lowest column holding it), each taken out of the running;
-2. per row: the top ``K`` of the tiles' candidates the same way, and the log-sum-exp from the
-   tiles' (max, sum) pairs.
+1. per (row, tile of ``BV`` tokens): the tile's max and sum of ``exp(x - max)``;
+2. per (row, tile): the row's ``floor``, the K-th largest tile max (the K tiles with the largest
+   maxima hold K values at least that large, so the row's top K are all ``>= floor``); a tile
+   whose max reaches it (about K of a row's tiles) takes its values ``>= floor``, at most K, by
+   rounds of (max, lowest column holding it); the other tiles propose nothing;
+3. per row: the top K of the tiles' candidates the same way, and the log-sum-exp from the tiles'
+   (max, sum) pairs.
 
-``x = logits / temperature`` in float32 with a correctly rounded division (``div_rn``, what torch
-computes), so the kept values are the torch path's bit for bit. Ties keep the lowest token ids
-(the tiles' candidates are in id order within a tile and tiles are in id order), as the CPU path's
-stable sort does; a row's log-sum-exp sums in another order than ``torch.logsumexp`` and may differ
-in the last bits. ``tests/test_tree_topk.py`` compares both under the Triton interpreter.
+A first version took the top K of every tile (K rounds over each of a row's 61 tiles): 1.1 ms at
+K = 17 and 16 requests on the H200, 1.4x the torch path (``benchmarks/draft_step_kernels.py``,
+session 25); the floor leaves rounds only where a top-K value can be.
+
+``x = logits / temperature`` in float32 with a correctly rounded division (``div_rn``; torch's CPU
+division, while its CUDA division by a scalar multiplies by the reciprocal), so the kept values are
+the CPU path's bit for bit. Ties keep the lowest token ids (a tile's candidates are in id order
+among equal values and tiles are in id order), as the CPU path's stable sort does; a row's
+log-sum-exp sums in another order than ``torch.logsumexp`` and may differ in the last bits.
+``tests/test_tree_topk.py`` compares both under the Triton interpreter and on CUDA.
 """
 
 from __future__ import annotations
@@ -34,46 +41,80 @@ def _take(x, cols, avail, NONE: tl.constexpr):
 
 
 @triton.jit
-def _tile_topk_kernel(
-    logits_ptr,
-    stride,
-    temp,
-    cand_val_ptr,
-    cand_id_ptr,
-    tile_max_ptr,
-    tile_sum_ptr,
-    V,
-    K: tl.constexpr,
-    KB: tl.constexpr,
-    BV: tl.constexpr,
-    SCALE: tl.constexpr,
-):
-    r = tl.program_id(0)
-    t = tl.program_id(1)
-    tiles = tl.num_programs(1)
+def _tile_x(logits_ptr, stride, temp, r, t, V, BV: tl.constexpr, SCALE: tl.constexpr):
+    """Tile ``t`` of row ``r``: its columns, which are inside the vocabulary, and ``x`` there
+    (``-inf`` outside)."""
     cols = t * BV + tl.arange(0, BV)
     inside = cols < V
     x = tl.load(logits_ptr + r.to(tl.int64) * stride + cols, mask=inside, other=float("-inf"))
     x = x.to(tl.float32)
     if SCALE:
         x = tl.math.div_rn(x, temp)
+    return cols, inside, x
+
+
+@triton.jit
+def _tile_stats_kernel(
+    logits_ptr,
+    stride,
+    temp,
+    tile_max_ptr,
+    tile_sum_ptr,
+    V,
+    BV: tl.constexpr,
+    SCALE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    t = tl.program_id(1)
+    _, _, x = _tile_x(logits_ptr, stride, temp, r, t, V, BV, SCALE)
     peak = tl.max(x, axis=0)
     shift = tl.where(peak == float("-inf"), 0.0, peak)  # an all -inf tile sums to 0, not NaN
-    total = tl.sum(tl.exp(x - shift), axis=0)
+    at = r.to(tl.int64) * tl.num_programs(1) + t
+    tl.store(tile_max_ptr + at, peak)
+    tl.store(tile_sum_ptr + at, tl.sum(tl.exp(x - shift), axis=0))
+
+
+@triton.jit
+def _tile_candidates_kernel(
+    logits_ptr,
+    stride,
+    temp,
+    tile_max_ptr,
+    cand_val_ptr,
+    cand_id_ptr,
+    V,
+    K: tl.constexpr,
+    KB: tl.constexpr,
+    TB: tl.constexpr,
+    BV: tl.constexpr,
+    SCALE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    t = tl.program_id(1)
+    tiles = tl.num_programs(1)
+    # The row's K-th largest tile max: the K tiles with the largest maxima hold K values at least
+    # that large, so every value of the row's top K is too.
+    j = tl.arange(0, TB)
+    peaks = tl.load(tile_max_ptr + r.to(tl.int64) * tiles + j, mask=j < tiles, other=0.0)
+    left = j < tiles
+    floor = float("inf")
+    for _ in range(K):
+        floor, at = _take(peaks, j, left, TB)
+        left = left & (j != at)
     ranks = tl.arange(0, KB)
     vals = tl.full([KB], float("-inf"), tl.float32)
-    ids = tl.full([KB], V, tl.int32)  # V: no token (a tile with fewer than K columns)
-    avail = inside
-    for i in range(K):
-        best, at = _take(x, cols, avail, V)
-        vals = tl.where(ranks == i, best, vals)
-        ids = tl.where(ranks == i, at, ids)
-        avail = avail & (cols != at)
+    ids = tl.full([KB], V, tl.int32)  # V: no token
+    if tl.load(tile_max_ptr + r.to(tl.int64) * tiles + t) >= floor:
+        cols, inside, x = _tile_x(logits_ptr, stride, temp, r, t, V, BV, SCALE)
+        avail = inside & (x >= floor)
+        for i in range(tl.minimum(tl.sum(avail.to(tl.int32), axis=0), K)):
+            best, at = _take(x, cols, avail, V)
+            vals = tl.where(ranks == i, best, vals)
+            ids = tl.where(ranks == i, at, ids)
+            avail = avail & (cols != at)
     out = (r.to(tl.int64) * tiles + t) * KB + ranks
     tl.store(cand_val_ptr + out, vals)
     tl.store(cand_id_ptr + out, ids)
-    tl.store(tile_max_ptr + r.to(tl.int64) * tiles + t, shift)
-    tl.store(tile_sum_ptr + r.to(tl.int64) * tiles + t, total)
 
 
 @triton.jit
@@ -135,17 +176,29 @@ def topk_logsumexp(
     lse = torch.empty(rows, dtype=torch.float32, device=dev)
     if rows == 0:
         return vals, ids, lse
-    _tile_topk_kernel[(rows, tiles)](
+    tb = triton.next_power_of_2(tiles)
+    _tile_stats_kernel[(rows, tiles)](
         logits,
         logits.stride(0),
         float(temperature),
-        cand_val,
-        cand_id,
         tile_max,
         tile_sum,
         V,
+        BV=bv,
+        SCALE=temperature != 1.0,
+        num_warps=4,
+    )
+    _tile_candidates_kernel[(rows, tiles)](
+        logits,
+        logits.stride(0),
+        float(temperature),
+        tile_max,
+        cand_val,
+        cand_id,
+        V,
         K=k,
         KB=kb,
+        TB=tb,
         BV=bv,
         SCALE=temperature != 1.0,
         num_warps=4,
@@ -163,7 +216,7 @@ def topk_logsumexp(
         K=k,
         KB=kb,
         CB=triton.next_power_of_2(tiles * kb),
-        TB=triton.next_power_of_2(tiles),
+        TB=tb,
         num_warps=4,
     )
     return vals, ids, lse
