@@ -11,6 +11,9 @@ largest part of a step, so a verify that ran eagerly -- graphs only for the draf
 cannot pass (b), while the eager work around a replayed verify (top-K, tree build, walk, commit) can
 stay a minority.
 
+Per captured CUDA graph (``graphs``; the verify's and the drafter's differ in how many GPU
+activities one replay runs): replays per step, GPU ms per replay and its top kernels.
+
 Where the eager launches come from (``eager_sites``): each eager kernel launch is charged to the
 outermost host operator (a ``cpu_op`` event, e.g. ``aten::index_put_``) running on its thread when
 it was launched, or, launched outside any operator (a Triton kernel called from Python), to the
@@ -100,15 +103,15 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
     sites: dict[str, dict] = defaultdict(lambda: {"launches": 0, "ms": 0.0})
     by_name: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "count": 0, "graph_ms": 0.0})
     total = {"graph": 0.0, "eager": 0.0}
+    replays: dict = defaultdict(list)  # graph launch correlation id -> [(kernel, ms)]
     for e in events:
         if e.get("cat") not in GPU_CATEGORIES or e.get("ph") != "X":
             continue
         ms = float(e.get("dur", 0.0)) / 1000.0
-        origin = (
-            "graph"
-            if host.get((e.get("args") or {}).get("correlation")) in GRAPH_LAUNCHES
-            else "eager"
-        )
+        corr = (e.get("args") or {}).get("correlation")
+        origin = "graph" if host.get(corr) in GRAPH_LAUNCHES else "eager"
+        if origin == "graph":
+            replays[corr].append((e.get("name", "?"), ms))
         total[origin] += ms
         launch = launches.get((e.get("args") or {}).get("correlation"))
         if launch is not None and e.get("cat") == "kernel":
@@ -159,7 +162,37 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             }
             for name, row in sorted(sites.items(), key=lambda kv: -kv[1]["launches"])[:top]
         ],
+        "graphs": _graphs(replays, steps),
     }
+
+
+def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
+    """Per captured CUDA graph, told apart by how many GPU activities one replay runs (a decode
+    step replays the verify's and the drafter's, which differ), in the order of their first
+    replay: replays per step, GPU ms and activities per replay, and its top kernels. Session 25
+    found budget 7's C = 16 gap to NEXTN this way: the verify graphs within 0.5 ms, the draft
+    graph 1.6 ms dearer."""
+    by_size: dict[int, list[list]] = {}
+    for corr in sorted(replays):  # correlation ids count launches in order
+        by_size.setdefault(len(replays[corr]), []).append(replays[corr])
+    out = []
+    for size, runs in by_size.items():
+        kernels: dict[str, float] = defaultdict(float)
+        for run in runs:
+            for name, ms in run:
+                kernels[name] += ms / len(runs)
+        out.append(
+            {
+                "activities_per_replay": size,
+                "replays_per_step": len(runs) / steps,
+                "ms_per_replay": sum(kernels.values()),
+                "top_kernels": [
+                    {"name": name, "ms_per_replay": ms}
+                    for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
+                ],
+            }
+        )
+    return out
 
 
 def _short(name: str) -> str:
@@ -202,7 +235,20 @@ def markdown(summary: dict) -> str:
             f"| `{_short(site['site'])}` | {site['launches_per_step']:.1f} | "
             f"{site['gpu_ms_per_step']:.3f} |"
         )
-    return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(sites)
+    graphs = [
+        "| CUDA graph (activities per replay) | replays/step | GPU ms per replay | its top kernels (ms) |",
+        "|---|---|---|---|",
+    ]
+    for g in s.get("graphs", []):  # summaries written before session 25 lack it
+        tops = ", ".join(
+            f"`{_short(k['name'])[:40]}` {k['ms_per_replay']:.3f}" for k in g["top_kernels"][:4]
+        )
+        graphs.append(
+            f"| {g['activities_per_replay']} | {g['replays_per_step']:.1f} | "
+            f"{g['ms_per_replay']:.3f} | {tops} |"
+        )
+    tables = [[head], rows] + ([graphs] if len(graphs) > 2 else []) + [sites]
+    return "\n\n".join("\n".join(t) for t in tables)
 
 
 def main(argv: list[str] | None = None) -> int:

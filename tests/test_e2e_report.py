@@ -216,6 +216,31 @@ def test_trace_charges_each_eager_launch_to_its_outermost_host_operator():
     assert "| `aten::index_put_` | 1.0 | 0.005 |" in trace.markdown(s)
 
 
+def test_trace_splits_time_by_cuda_graph():
+    """graphs: each captured graph (told apart by the activities one replay runs) with its replays
+    per step, GPU ms per replay and top kernels, in the order of first replay; eager work is in
+    none of them."""
+    ev, corr = [], 0
+    for _ in range(3):  # a step: a draft graph (2 kernels), a verify graph (3), one eager launch
+        for graph in (
+            [("mlp", 1000), ("topk", 500)],
+            [("gemm", 8000), ("attn", 2000), ("gemm", 8000)],
+        ):
+            corr += 1
+            ev.append(_ev("cuda_runtime", "cudaGraphLaunch", corr))
+            ev += [_ev("kernel", name, corr, us) for name, us in graph]
+        corr += 1
+        ev += [_ev("cuda_driver", "cuLaunchKernel", corr), _ev("kernel", "commit", corr, 700)]
+    s = trace.summarize(ev, steps=3)
+    draft, verify = s["graphs"]
+    assert (draft["activities_per_replay"], draft["replays_per_step"]) == (2, 1.0)
+    assert draft["ms_per_replay"] == pytest.approx(1.5)
+    assert [k["name"] for k in draft["top_kernels"]] == ["mlp", "topk"]
+    assert verify["activities_per_replay"] == 3 and verify["ms_per_replay"] == pytest.approx(18.0)
+    assert verify["top_kernels"][0] == {"name": "gemm", "ms_per_replay": pytest.approx(16.0)}
+    assert "| 3 | 1.0 | 18.000 | `gemm` 16.000, `attn` 2.000 |" in trace.markdown(s)
+
+
 def test_trace_cli(tmp_path, capsys):
     import gzip
 
