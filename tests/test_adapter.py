@@ -378,3 +378,43 @@ def test_kv_move_launches_are_capped_at_rows_that_do_not_spill(monkeypatch):
     low = _kv_pool(64)
     assert adapter.cap_kv_move_chunks(low) and low._kv_copy_config["num_locs_upper"] == 64
     assert adapter.cap_kv_move_chunks(_kv_pool(None)) is False
+
+
+def test_accept_compaction_warm_up_covers_every_variant_once(monkeypatch):
+    """SGLang's two compaction lookups, launched once per compiled variant (their constexprs:
+    the width and next_power_of_2(bs) for the front lookup, next_power_of_2(bs * accept width)
+    for the accept lookup) for every candidate shape and batch size up to the cap, each with its
+    smallest batch size and the dtypes a decode step passes; nothing else launched."""
+    from sglang.kernels.ops.speculative import cache_locs, eagle
+
+    launches = []
+
+    def front(num_front, out_cache_loc, front_out_cache_loc):
+        bs = num_front.numel()
+        assert num_front.dtype == torch.int32 and out_cache_loc.dtype == torch.int64
+        assert front_out_cache_loc.dtype == torch.int64
+        launches.append(("front", out_cache_loc.numel() // bs, triton_np2(bs), bs))
+
+    def accept(accept_index, out_cache_loc, accept_out_cache_loc, size):
+        assert accept_index.dtype == torch.int32 and size == accept_index.numel()
+        assert out_cache_loc.dtype == accept_out_cache_loc.dtype == torch.int64
+        launches.append(("accept", triton_np2(size), accept_index.shape[1], accept_index.shape[0]))
+
+    monkeypatch.setattr(cache_locs, "fill_front_out_cache_loc_func", front)
+    monkeypatch.setattr(eagle, "fill_accept_out_cache_loc_func", accept)
+    shapes, max_bs = [(8, 8), (8, 16), (32, 16)], 44
+    n = adapter.warm_accept_compaction(shapes, max_bs, "cpu")
+    assert n == len(launches)
+    want_front = {(w, triton_np2(bs)) for w, _ in shapes for bs in range(1, max_bs + 1)}
+    assert sorted((w, up) for kind, w, up, _ in launches if kind == "front") == sorted(want_front)
+    want_accept = {triton_np2(bs * d) for _, d in shapes for bs in range(1, max_bs + 1)}
+    got = [up for kind, up, _, _ in launches if kind == "accept"]
+    assert sorted(got) == sorted(want_accept)  # each variant once
+    # the smallest batch size reaching each variant: 1 for the front lookup's first class
+    assert ("front", 8, 1, 1) in launches and ("front", 32, 64, 33) in launches
+    # 0.5.22 has no front lookup of its own (its compaction reads req_to_token): the accept
+    # lookup alone
+    launches.clear()
+    monkeypatch.delattr(cache_locs, "fill_front_out_cache_loc_func")
+    assert adapter.warm_accept_compaction(shapes, max_bs, "cpu") == len(want_accept)
+    assert {kind for kind, *_ in launches} == {"accept"}

@@ -1004,6 +1004,37 @@ def test_every_candidate_budget_lays_out_a_tree_at_start_up(tmp_path, monkeypatc
     assert sorted(laid) == [(n, n, want, True) for n in (4, 8, 16)]
 
 
+def test_every_candidate_budget_warms_the_compaction_lookups_at_start_up(tmp_path, monkeypatch):
+    """The tree compaction's slot lookups are warmed for every candidate budget's width and both
+    accept widths (the walk's max_depth + 1, simulated acceptance's horizon + 1), up to the
+    target's running-request cap (the CUDA-graph batch sizes when it is unset); a fixed-budget
+    server warms its one width; nothing runs on a CPU device."""
+    from sglang_spec.plugin import adapter
+    from sglang_spec.plugin import worker as worker_mod
+
+    warmed = []
+    monkeypatch.setattr(
+        adapter, "warm_accept_compaction", lambda shapes, bs, _dev: warmed.append((shapes, bs))
+    )
+    monkeypatch.setattr(adapter, "decode_cuda_graph_bs", lambda: [1, 2, 4, 8])
+    monkeypatch.setattr(worker_mod, "get_parallel", lambda: SimpleNamespace(tp_rank=0))
+    w, _ = _staged_worker([])
+    w.device = torch.device("cuda")  # the launches themselves are replaced above
+    w.config = DDTreeConfig(block_size=16, verify_width=8, topk_per_depth=4, tree_temperature=1.0)
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(max_running_requests=44))
+    w.warm_accept_compaction()  # budget 7 below horizon 15: depth 7
+    assert warmed.pop() == ([(8, 8), (8, 16)], 44)
+    path = _budget_file(tmp_path, {"1": {"3": 10, "7": 11}, "8": {"15": 12}})
+    w.config = DDTreeConfig(8, 16, 4, 1.0, adaptive_config=path)  # horizon 7
+    w.init_budgets()
+    w._target_worker.model_runner.max_running_requests = None
+    w.warm_accept_compaction()  # budgets 3, 7, 15: widths 4, 8, 16, depths 3, 7, 7
+    assert warmed.pop() == ([(4, 4), (4, 8), (8, 8), (16, 8)], 8)
+    w.device = torch.device("cpu")
+    w.warm_accept_compaction()
+    assert warmed == []
+
+
 def _staged_worker(calls, tick=None):
     """A DDTreeWorker without SGLang runners: each stage records its call (and ``tick``s the fake
     clocks of a timing test) and returns a token."""

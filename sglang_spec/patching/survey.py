@@ -151,6 +151,11 @@ NEEDS: tuple[Need, ...] = (
        kw=("accept_index",), npos=3),
     _n("tree_verify", f"{SI}.eagle_worker_common:_finalize_accept_tree_path", "KV compaction",
        kw=("token_to_kv_pool_allocator", "num_draft_tokens"), npos=6),
+    _n("tree_verify", "sglang.kernels.ops.speculative.cache_locs:fill_front_out_cache_loc_func",
+       "compaction warm-up", npos=3),
+    _n("tree_verify", "sglang.kernels.ops.speculative.eagle:fill_accept_out_cache_loc_func",
+       "compaction warm-up", npos=4),
+    _n("tree_verify", f"{MR}.max_running_requests", "compaction warm-up"),
     _n("tree_verify", "sglang.srt.layers.attention.base_attn_backend:AttentionBackend.verify_mask",
        "mask buffer"),
     _n("tree_verify", "sglang.srt.layers.attention.verify_mask:VerifyMask.fits", "mask", npos=1),
@@ -200,6 +205,13 @@ ADAPTED: dict[str, dict[str, Need]] = {
             "draft_tp_context(owns_attention: bool)",
             kw=("owns_attention",),
             npos=1,
+        ),
+        # 0.5.22's compaction looks the targets up in req_to_token with this kernel directly
+        # (one variant per batch-size class, not per width): nothing width-dependent to warm
+        "sglang.kernels.ops.speculative.cache_locs:fill_front_out_cache_loc_func": _n(
+            "tree_verify",
+            "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs",
+            "the targets looked up in req_to_token: the adapter skips that warm-up",
         ),
     },
 }

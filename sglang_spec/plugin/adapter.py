@@ -92,6 +92,7 @@ _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaG
 
 # Keys are "module:qualified.name"; every `from sglang... import X` in sglang_spec/plugin must
 # appear here (tests/test_adapter.py checks that too).
+_FILL_FRONT = "sglang.kernels.ops.speculative.cache_locs:fill_front_out_cache_loc_func"
 _SGLANG_0_5_23: dict[str, Expectation] = {
     # --- server-argument resolution (config.py)
     f"{_OVERRIDES_MOD}:resolving_view": Sig(("server_args",)),
@@ -347,6 +348,12 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "num_draft_tokens",
         )
     ),
+    # --- the tree compaction's slot lookups and the batch sizes they see (warm_accept_compaction)
+    _FILL_FRONT: Sig(("num_front", "out_cache_loc", "front_out_cache_loc")),
+    "sglang.kernels.ops.speculative.eagle:fill_accept_out_cache_loc_func": Sig(
+        ("accept_index", "out_cache_loc", "accept_out_cache_loc", "size")
+    ),
+    "sglang.srt.model_executor.model_runner:ModelRunner.max_running_requests": Member(),
     # --- the target KV pool's tiled KV-move kernel (cap_kv_move_chunks)
     "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool._kv_copy_config": Member(),
     "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool.move_kv_cache": Sig(
@@ -458,15 +465,23 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.model_executor.model_runner:ModelRunner.init_new_workspace": Member(),
 }
 
-# 0.5.22 differs from 0.5.23 only in how the drafter's TP placement is held and entered (the same
-# two needs sglang_spec.patching.survey.ADAPTED records; tests/test_adapter.py keeps them equal):
-# a bool ``draft_owns_attention`` (dflash_worker_v2.py:414) instead of a resolved
-# ``DraftParallelLayout``, and ``draft_tp_context(owns_attention)`` (spec_utils.py:766).
-# :func:`draft_tp_context` absorbs both.
+# 0.5.22 differs from 0.5.23 in how the drafter's TP placement is held and entered (the needs
+# sglang_spec.patching.survey.ADAPTED records; tests/test_adapter.py keeps them equal): a bool
+# ``draft_owns_attention`` (dflash_worker_v2.py:414) instead of a resolved
+# ``DraftParallelLayout``, and ``draft_tp_context(owns_attention)`` (spec_utils.py:766);
+# :func:`draft_tp_context` absorbs both. And its tree compaction has no
+# ``fill_front_out_cache_loc_func``, which :func:`warm_accept_compaction` then leaves out.
 _SGLANG_0_5_22: dict[str, Expectation] = {
-    **{k: v for k, v in _SGLANG_0_5_23.items() if k != f"{_W}.draft_parallel_layout"},
+    **{
+        k: v
+        for k, v in _SGLANG_0_5_23.items()
+        if k not in (f"{_W}.draft_parallel_layout", _FILL_FRONT)
+    },
     f"{_W}.draft_owns_attention": Member(),
     f"{_SPEC_UTILS}:draft_tp_context": Sig(("owns_attention",)),
+    # its compaction looks the targets up in req_to_token with this kernel itself (no
+    # width-dependent variant): warm_accept_compaction skips the front lookup there
+    "sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs": Exists(),
 }
 
 # SGLang version -> what the plug-in expects of it.
@@ -974,6 +989,56 @@ def kv_move_warm_counts(cap: int) -> list[int]:
             if hits:
                 counts.append(hits[0])
     return sorted(counts)
+
+
+def accept_compaction_variants(
+    shapes: list[tuple[int, int]], max_bs: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """One batch size per compiled variant of the tree compaction's two slot lookups, for
+    requests verifying ``(width, accept width)`` trees (one pair per candidate budget) in batches
+    of 1..``max_bs``: ``fill_front_out_cache_loc_func`` (SGLang's ``assign_extend_cache_locs``
+    kernel) takes the width and ``next_power_of_2(bs)`` as constexprs,
+    ``fill_accept_out_cache_loc_func`` takes ``next_power_of_2(bs * accept width)``. Returns the
+    ``(width, bs)`` and ``(accept width, bs)`` pairs to launch, the smallest ``bs`` of each."""
+    front, accept = {}, {}
+    for width, depth in shapes:
+        for bs in range(1, max_bs + 1):
+            front.setdefault((width, 1 << (bs - 1).bit_length()), (width, bs))
+            accept.setdefault(1 << (bs * depth - 1).bit_length(), (depth, bs))
+    return sorted(front.values()), sorted(accept.values())
+
+
+def warm_accept_compaction(shapes: list[tuple[int, int]], max_bs: int, device: Any) -> int:
+    """Launch every variant :func:`accept_compaction_variants` lists once, on scratch tensors
+    (nothing of the pools is read or written), so that each compiles at start-up: inside a
+    decode step each new (budget, batch-size class) compiled one, 0.1 s, inside the 27B adaptive
+    server's timed levels (sessions 24 and 25). Returns the launches."""
+    from sglang.kernels.ops.speculative.eagle import fill_accept_out_cache_loc_func
+
+    front, accept = accept_compaction_variants(shapes, max_bs)
+    try:
+        from sglang.kernels.ops.speculative.cache_locs import fill_front_out_cache_loc_func
+    except ImportError:  # 0.5.22: its compaction reads req_to_token, no width-dependent lookup
+        front = []
+    for width, bs in front:  # the dtypes of move_accept_tokens_to_target_kvcache's arguments
+        fill_front_out_cache_loc_func(
+            torch.ones(bs, dtype=torch.int32, device=device),
+            torch.zeros(bs * width, dtype=torch.int64, device=device),
+            torch.zeros(bs * width, dtype=torch.int64, device=device),
+        )
+    for depth, bs in accept:
+        fill_accept_out_cache_loc_func(
+            torch.full((bs, depth), -1, dtype=torch.int32, device=device),
+            torch.zeros(bs * depth, dtype=torch.int64, device=device),
+            torch.zeros(bs * depth, dtype=torch.int64, device=device),
+            bs * depth,
+        )
+    return len(front) + len(accept)
+
+
+def max_running_requests(worker: Any) -> int | None:
+    """The target runner's cap on running requests (None before the scheduler sets it)."""
+    return worker.target_worker.model_runner.max_running_requests
 
 
 def draw_simulated_accept_len(tau: float, max_len: int) -> int:

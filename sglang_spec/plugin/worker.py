@@ -227,6 +227,7 @@ class DDTreeWorker(DFlashWorkerV2):
         """The drafter's graphs (DFlash's), then with budget by batch size a target verify state
         per candidate width; the server's (the largest) is the one the target captured."""
         super().init_cuda_graphs()
+        self.warm_accept_compaction()
         if self.budgets is None:
             return
         server = self.config.budget
@@ -267,6 +268,21 @@ class DDTreeWorker(DFlashWorkerV2):
                 seq_lens_sum=1,
                 with_paths=self.server_args.enable_linear_replayssm_spec,
             )
+
+    def warm_accept_compaction(self) -> None:
+        """Compile the tree compaction's slot lookups (``adapter.warm_accept_compaction``) for
+        every candidate budget and batch size at start-up, not in the first decode step of each
+        new (budget, batch-size class): 0.1 s each, inside served levels of the 27B adaptive
+        server (sessions 24 and 25). ``accept_index`` is ``max_depth + 1`` wide from the walk,
+        ``horizon + 1`` under simulated acceptance (benchmarks)."""
+        if torch.device(self.device).type != "cuda":
+            return
+        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
+        shapes = sorted(
+            {(c.verify_width, d) for c in configs for d in (c.max_depth + 1, c.horizon + 1)}
+        )
+        max_bs = adapter.max_running_requests(self) or max(adapter.decode_cuda_graph_bs() or [1])
+        adapter.warm_accept_compaction(shapes, max_bs, self.device)
 
     def select_budget(self, batch_size: int) -> None:
         """Run the next decode step at the budget the controller picks for ``batch_size``."""
