@@ -163,31 +163,11 @@ def commit_conv_states(
     of ``[L, bs, W - 1, C]`` windows took 0.5 ms a step at 16 requests on the 27B shape).
     """
     if conv_states.is_cuda:
-        from .triton_tree_conv import commit_conv_states_triton
-
-        commit_conv_states_triton(
-            conv_states,
-            inputs,
-            slots,
-            rows,
-            accept_index,
-            accept_lens,
-            num_draft,
-            track_slots,
-            track_nodes,
-        )
-        return
-    commit_conv_states_torch(
-        conv_states,
-        inputs,
-        slots,
-        rows,
-        accept_index,
-        accept_lens,
-        num_draft,
-        track_slots,
-        track_nodes,
-    )
+        from .triton_tree_conv import commit_conv_states_triton as commit
+    else:
+        commit = commit_conv_states_torch
+    track = (track_slots, track_nodes)
+    commit(conv_states, inputs, slots, rows, accept_index, accept_lens, num_draft, *track)
 
 
 def commit_conv_states_torch(
