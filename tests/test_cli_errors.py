@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import draft_block
 from benchmarks import tree as bench_tree
 from loadtests import compare, sweep
 from sglang_spec import cli
@@ -90,6 +91,12 @@ CASES = [
     ("patch-action", *_sg("patch", "bogus"), "action", "bogus"),
     ("patch-sglang-dir", *_sg("patch", "check", "--sglang-dir", "/no/such/dir"), "--sglang-dir", "/no/such/dir"),
     ("patch-patches-dir", *_sg("patch", "check", "--patches-dir", "/no/such/dir"), "--patches-dir", "/no/such/dir"),
+    # python -m benchmarks.draft_block
+    ("draft-block-1", draft_block.main, ["--blocks", "16", "1"], "--blocks", "1"),
+    ("draft-block-pair", draft_block.main, ["--pairs", "llama"], "--pairs", "llama"),
+    ("draft-block-prompts", draft_block.main, ["--prompt-sets", "poems"], "--prompt-sets", "poems"),
+    ("draft-block-budget-0", draft_block.main, ["--budgets", "0"], "--budgets", "0"),
+    ("draft-block-tree-temp", draft_block.main, ["--tree-temperature", "0"], "temperature", "0"),
     # python -m loadtests.sweep
     ("sweep-concurrency-0", sweep.main, ["--concurrency", "1,0"], "--concurrency", "1,0"),
     ("sweep-concurrency-type", sweep.main, ["--concurrency", "1,x"], "--concurrency", "1,x"),

@@ -106,8 +106,8 @@ class ProphetDrafter:
         for name in ("new_cache", "append_context", "select_features", "block_size"):
             setattr(self, name, getattr(drafter, name))
 
-    def draft_logits(self, cache, bonus_tokens, start_positions):
-        logits = self.inner.draft_logits(cache, bonus_tokens, start_positions)
+    def draft_logits(self, cache, bonus_tokens, start_positions, block=None):
+        logits = self.inner.draft_logits(cache, bonus_tokens, start_positions, block)
         start = int(start_positions[0])
         for d in range(logits.shape[1]):
             pos = start + 1 + d
@@ -142,6 +142,37 @@ def test_greedy_dflash_and_ddtree_equal_ar(target, block_size):
             assert out.tokens == ar.tokens, (method, budget, prompt)
             width = budget + 1 if method == "ddtree" else block_size
             assert all(s.verified <= width for s in out.steps)
+
+
+def test_a_shorter_draft_block_drafts_fewer_depths_and_stays_lossless(target):
+    """draft_block = k drafts depths 1..k-1 of the drafter's block (DFLASH verifies k tokens, a
+    tree is no deeper than k - 1), the output is still AR's, the full block is the default, and
+    a shorter block is a different draft (the drafter's attention within a block is
+    bidirectional)."""
+    drafter = make_drafter(target, 8)
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        ar = generate(target, drafter, ids, "ar", max_new_tokens=NEW)
+        for method, budget in [("dflash", 0), ("ddtree", 4), ("ddtree", 16)]:
+            short = generate(
+                target, drafter, ids, method, budget=budget, max_new_tokens=NEW, draft_block=4
+            )
+            assert short.tokens == ar.tokens, (method, budget, prompt)
+            if method == "dflash":
+                assert all(s.verified == 4 for s in short.steps)
+            assert max(short.depth_histogram) <= 3
+            full = generate(target, drafter, ids, method, budget=budget, max_new_tokens=NEW)
+            same = generate(
+                target, drafter, ids, method, budget=budget, max_new_tokens=NEW, draft_block=8
+            )
+            assert [s.verified for s in same.steps] == [s.verified for s in full.steps]
+    cache = drafter.new_cache(1)
+    one = torch.tensor([3])
+    at = torch.tensor([0])
+    assert drafter.draft_logits(cache, one, at, 4).shape[1] == 3
+    assert not torch.allclose(
+        drafter.draft_logits(cache, one, at, 4), drafter.draft_logits(cache, one, at)[:, :3]
+    )
 
 
 @pytest.mark.parametrize("block_size", [4, 8])
@@ -346,6 +377,10 @@ def test_bad_arguments_are_named(target):
         (dict(method="ar", top_p=1.5), r"0 < top_p <= 1; .*top_p=1.5"),
         (dict(method="ar", top_k=2.5), r"top_k must be an integer .*; got 2.5"),
         (dict(method="ar", top_k=True), r"top_k must be an integer .*; got True"),
+        (dict(method="dflash", draft_block=1), r"draft_block must be in \[2, 4\] .*got 1"),
+        (dict(method="ddtree", draft_block=5), r"draft_block must be in \[2, 4\] .*got 5"),
+        (dict(method="dflash", draft_block=2.5), r"draft_block must be an integer .*got 2.5"),
+        (dict(method="dflash", draft_block=True), r"draft_block must be an integer .*got True"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

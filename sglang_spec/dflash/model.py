@@ -340,11 +340,21 @@ class DFlashDrafter(nn.Module):
         cache.positions = cache.positions[:, :length]
 
     def draft_logits(
-        self, cache: DFlashCache, bonus_tokens: Tensor, start_positions: Tensor
+        self,
+        cache: DFlashCache,
+        bonus_tokens: Tensor,
+        start_positions: Tensor,
+        block: int | None = None,
     ) -> Tensor:
         """One draft step: block [bonus, MASK*(B-1)] at start..start+B-1 over all cached context.
-        Returns the LM-head logits of block rows 1..B-1 [bs, B-1, V]; the cache is unchanged."""
-        bs, b = bonus_tokens.shape[0], self.block_size
+        Returns the LM-head logits of block rows 1..B-1 [bs, B-1, V]; the cache is unchanged.
+        ``block`` (2..the trained block size, default the trained one) drafts a shorter block: the
+        first rows of a block the drafter never saw cut, whose attention (bidirectional within
+        the block) no longer sees the positions beyond it."""
+        bs = bonus_tokens.shape[0]
+        b = self.block_size if block is None else block
+        if not 2 <= b <= self.block_size:
+            raise ValueError(f"block must be in [2, {self.block_size}] (the drafter's); got {b}")
         ids = torch.full((bs, b), self.mask_token_id, dtype=torch.long, device=bonus_tokens.device)
         ids[:, 0] = bonus_tokens
         pos = start_positions.long()[:, None] + torch.arange(b, device=start_positions.device)

@@ -129,9 +129,20 @@ class _Decoder:
     """State of one generation: the target's cache, the drafter's context cache, the sampler."""
 
     def __init__(
-        self, target, drafter, method, budget, tree_temperature, temperature, top_p, top_k, seed
+        self,
+        target,
+        drafter,
+        method,
+        budget,
+        tree_temperature,
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        draft_block=None,
     ):
         self.target, self.drafter, self.method, self.budget = target, drafter, method, budget
+        self.draft_block = draft_block
         self.tree_temperature = tree_temperature
         self.sampling = (temperature, top_p, top_k)
         self.generator = torch.Generator(device=target.device).manual_seed(seed)
@@ -169,7 +180,10 @@ class _Decoder:
     def draft(self, root: int) -> torch.Tensor:
         dev = self.target.device
         return self.drafter.draft_logits(
-            self.dcache, torch.tensor([root], device=dev), torch.tensor([self.seq_len], device=dev)
+            self.dcache,
+            torch.tensor([root], device=dev),
+            torch.tensor([self.seq_len], device=dev),
+            self.draft_block,
         )
 
     def tree(self, draft_logits: torch.Tensor, root: int) -> DraftTree:
@@ -252,6 +266,7 @@ def _check_args(
     temperature,
     top_p,
     top_k,
+    draft_block=None,
 ):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -262,6 +277,16 @@ def _check_args(
     ):
         raise ValueError(f"budget must be an integer >= 1 for ddtree; got {budget!r}")
     check_tree_temperature(tree_temperature)
+    if draft_block is not None and drafter is not None:
+        trained = drafter.block_size
+        if isinstance(draft_block, bool) or not isinstance(draft_block, int):
+            raise ValueError(
+                f"draft_block must be an integer in [2, {trained}]; got {draft_block!r}"
+            )
+        if not 2 <= draft_block <= trained:
+            raise ValueError(
+                f"draft_block must be in [2, {trained}] (the drafter's block); got {draft_block}"
+            )
     if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(
             f"input_ids must be [1, T] with T >= 1 (batch size 1); got shape {tuple(input_ids.shape)}"
@@ -290,6 +315,7 @@ def generate(
     top_k: int = -1,
     seed: int = 0,
     stop_token_ids=(),
+    draft_block: int | None = None,
 ) -> GenerateResult:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids [1, T]`` with ``method``.
 
@@ -298,7 +324,9 @@ def generate(
     ``tree_temperature`` (``sglang_spec.tree.draft_topk``; the plug-in's
     ``SGLANG_DDTREE_TREE_TEMPERATURE``). All three emit exactly the target's greedy
     tokens at ``temperature = 0`` and exact target samples otherwise. Generation stops after a token
-    in ``stop_token_ids`` (which is kept) or at ``max_new_tokens``.
+    in ``stop_token_ids`` (which is kept) or at ``max_new_tokens``. ``draft_block`` (2..the
+    drafter's block) drafts a shorter block than the drafter was trained with: depths up to
+    ``draft_block - 1``, half the drafter's tokens at 8 of 16 (``benchmarks/draft_block.py``).
     """
     _check_args(
         drafter,
@@ -310,6 +338,7 @@ def generate(
         temperature,
         top_p,
         top_k,
+        draft_block,
     )
     dec = _Decoder(
         target,
@@ -321,6 +350,7 @@ def generate(
         top_p,
         top_k,
         seed,
+        draft_block,
     )
     stops = {int(t) for t in stop_token_ids}
     t0 = time.perf_counter()
