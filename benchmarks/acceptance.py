@@ -101,6 +101,28 @@ def run(args) -> int:
     return 0
 
 
+def reference_main(argv, prog, doc, add_arguments, check_args, measure, report) -> int:
+    """The CLI of a reference-engine benchmark: parse (``add_arguments``), one-line errors for
+    bad settings before any model loads (``check_args`` raises ValueError), ``measure(args)``
+    with the engine's warnings silenced, ``report(rows, args)``, and ``--json``."""
+    from sglang_spec.cli_args import Parser
+
+    p = Parser(prog=prog, description=doc.splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        p.error(str(e))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = measure(args)
+    report(rows, args)
+    if args.json:
+        write_json(args, rows)
+    return 0
+
+
 def write_json(args, rows) -> None:
     """``{"settings": the arguments, "rows": rows}`` to ``args.json`` (the fixtures directory
     relative: no machine paths in committed results)."""

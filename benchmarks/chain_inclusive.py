@@ -20,10 +20,9 @@ import contextlib
 import functools
 import sys
 import time
-import warnings
 from unittest import mock
 
-from benchmarks.acceptance import write_json
+from benchmarks.acceptance import reference_main
 from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
 
@@ -220,22 +219,15 @@ def print_tables(rows: list[dict], args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.chain_inclusive", description=__doc__.splitlines()[0]
+    return reference_main(
+        argv,
+        "python -m benchmarks.chain_inclusive",
+        __doc__,
+        add_arguments,
+        check_args,
+        measure,
+        print_tables,
     )
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        p.error(str(e))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rows = measure(args)
-    print_tables(rows, args)
-    if args.json:
-        write_json(args, rows)
-    return 0
 
 
 if __name__ == "__main__":

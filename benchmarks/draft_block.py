@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 
-from benchmarks.acceptance import write_json
+from benchmarks.acceptance import reference_main
 from benchmarks.chain_inclusive import tau_of
-from sglang_spec.cli_args import Parser
 from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
 
@@ -165,20 +163,15 @@ def print_table(rows: list[dict], args) -> None:
 
 
 def main(argv=None) -> int:
-    p = Parser(prog="python -m benchmarks.draft_block", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        p.error(str(e))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rows = measure(args)
-    print_table(rows, args)
-    if args.json:
-        write_json(args, rows)
-    return 0
+    return reference_main(
+        argv,
+        "python -m benchmarks.draft_block",
+        __doc__,
+        add_arguments,
+        check_args,
+        measure,
+        print_table,
+    )
 
 
 if __name__ == "__main__":
