@@ -101,6 +101,24 @@ def run(args) -> int:
     return 0
 
 
+def check_pairs_budgets_lengths(args) -> None:
+    """The settings every reference-engine benchmark shares, as one-line errors before any model
+    loads: known ``--pairs``, ``--budgets`` >= 1, ``--num-prompts`` and ``--max-new-tokens`` >= 1."""
+    from sglang_spec.reference.tiny_pair import PAIRS
+
+    for pair in args.pairs.split(","):
+        if pair not in PAIRS:
+            raise ValueError(f"--pairs: {pair!r} is not one of {sorted(PAIRS)}")
+    for b in args.budgets:
+        if b < 1:
+            raise ValueError(f"--budgets must be >= 1; got {b}")
+    if args.num_prompts < 1 or args.max_new_tokens < 1:
+        raise ValueError(
+            f"--num-prompts and --max-new-tokens must be >= 1; got {args.num_prompts}, "
+            f"{args.max_new_tokens}"
+        )
+
+
 def reference_main(argv, prog, doc, add_arguments, check_args, measure, report) -> int:
     """The CLI of a reference-engine benchmark: parse (``add_arguments``), one-line errors for
     bad settings before any model loads (``check_args`` raises ValueError), ``measure(args)``

@@ -22,7 +22,7 @@ import sys
 import time
 from unittest import mock
 
-from benchmarks.acceptance import reference_main
+from benchmarks.acceptance import check_pairs_budgets_lengths, reference_main
 from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
 
@@ -50,22 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> None:
     """One-line errors for bad settings, before any model loads."""
-    from sglang_spec.reference.tiny_pair import PAIRS
     from sglang_spec.tree import check_tree_temperature
 
-    for pair in args.pairs.split(","):
-        if pair not in PAIRS:
-            raise ValueError(f"--pairs: {pair!r} is not one of {sorted(PAIRS)}")
-    for b in args.budgets:
-        if b < 1:
-            raise ValueError(f"--budgets must be >= 1; got {b}")
+    check_pairs_budgets_lengths(args)
     for t in args.tree_temperatures:
         check_tree_temperature(t)
-    if args.num_prompts < 1 or args.max_new_tokens < 1:
-        raise ValueError(
-            f"--num-prompts and --max-new-tokens must be >= 1; got {args.num_prompts}, "
-            f"{args.max_new_tokens}"
-        )
 
 
 @contextlib.contextmanager

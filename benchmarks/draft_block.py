@@ -20,7 +20,7 @@ import argparse
 import sys
 import time
 
-from benchmarks.acceptance import reference_main
+from benchmarks.acceptance import check_pairs_budgets_lengths, reference_main
 from benchmarks.chain_inclusive import tau_of
 from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
@@ -39,25 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> None:
     """One-line errors for bad settings, before any model loads."""
-    from sglang_spec.reference.tiny_pair import PAIRS
     from sglang_spec.tree import check_tree_temperature
 
-    for pair in args.pairs.split(","):
-        if pair not in PAIRS:
-            raise ValueError(f"--pairs: {pair!r} is not one of {sorted(PAIRS)}")
+    check_pairs_budgets_lengths(args)
     for s in args.prompt_sets.split(","):
         if s not in PROMPT_SETS:
             raise ValueError(f"--prompt-sets: {s!r} is not one of {list(PROMPT_SETS)}")
     if min(args.blocks) < 2:
         raise ValueError(f"--blocks must be >= 2 (a root and one draft); got {args.blocks}")
-    if min(args.budgets) < 1:
-        raise ValueError(f"--budgets must be >= 1; got {args.budgets}")
     check_tree_temperature(args.tree_temperature)
-    if args.num_prompts < 1 or args.max_new_tokens < 1:
-        raise ValueError(
-            f"--num-prompts and --max-new-tokens must be >= 1; got {args.num_prompts}, "
-            f"{args.max_new_tokens}"
-        )
 
 
 def decode(loaded, inputs, args, method, budget=1, block=None) -> list:

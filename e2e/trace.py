@@ -113,7 +113,7 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
         if origin == "graph":
             replays[corr].append((e.get("name", "?"), ms))
         total[origin] += ms
-        launch = launches.get((e.get("args") or {}).get("correlation"))
+        launch = launches.get(corr)
         if launch is not None and e.get("cat") == "kernel":
             site = sites[_launch_site(launch, outer, e.get("name", "?"))]
             site["launches"] += 1
