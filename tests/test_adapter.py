@@ -5,6 +5,7 @@ names only through the adapter."""
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -418,3 +419,38 @@ def test_accept_compaction_warm_up_covers_every_variant_once(monkeypatch):
     monkeypatch.delattr(cache_locs, "fill_front_out_cache_loc_func")
     assert adapter.warm_accept_compaction(shapes, max_bs, "cpu") == len(want_accept)
     assert {kind for kind, *_ in launches} == {"accept"}
+
+
+def test_graph_capture_scope_is_sglangs_capture_context_stream_and_pool(monkeypatch):
+    """The draft sampler's graphs capture as SGLang's own runners do: inside ``graph_capture`` on
+    the shared capture stream (its TP group's graph-mode collectives on), into the shared pool;
+    the current stream waits for the capture stream afterwards."""
+    import sglang.srt.distributed.parallel_state as ps
+    import sglang.srt.model_executor.runner_utils.pool as pool_mod
+
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            events.append(("wait", other))
+
+    @contextlib.contextmanager
+    def graph_capture(stream=None):
+        events.append(("enter", stream))
+        yield SimpleNamespace(stream=stream)
+        events.append(("exit", stream))
+
+    monkeypatch.setattr(ps, "graph_capture", graph_capture)
+    monkeypatch.setattr(pool_mod, "get_or_create_global_graph_capture_stream", lambda: "capture")
+    monkeypatch.setattr(
+        pool_mod, "get_or_create_global_graph_memory_pool", lambda m: ("pool", m is torch.cuda)
+    )
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    with adapter.graph_capture_scope() as (stream, pool):
+        events.append(("body", stream, pool))
+    assert events == [
+        ("enter", "capture"),
+        ("body", "capture", ("pool", True)),
+        ("exit", "capture"),
+        ("wait", "capture"),
+    ]

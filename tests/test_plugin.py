@@ -1160,6 +1160,9 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     monkeypatch.setattr(
         worker_mod.DDTreeWorker, "warm_tree_layouts", lambda self: calls.append(("warm", self is w))
     )
+    monkeypatch.setattr(
+        worker_mod.draft_sampler, "capture", lambda worker: calls.append(("sampler", worker is w))
+    )
     w.init_budgets()
     assert w.budgets.on_switch is worker_mod._log_budget_switch  # rank 0 logs each switch
     with caplog.at_level("INFO", logger="sglang_spec.plugin"):
@@ -1169,9 +1172,11 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
         "{7: 2.012, 15: 3.0}." in caplog.messages
     )
     w.init_cuda_graphs()
+    # the drafter's graphs, then the draft sampler's (they read the block the drafter's stage);
     # budget 4 keeps the target's state; budget 3 captures the graph sizes of buckets 1 and 4;
     # then every budget's tree layout is compiled
-    assert calls == [("drafter", True), ("warm", True)] and built == [(4, [1, 2, 4])]
+    assert calls == [("drafter", True), ("sampler", True), ("warm", True)]
+    assert built == [(4, [1, 2, 4])]
     assert w.verify_states[4] == adapter.TargetVerifyState(5, "backend5", "graphs5")
     mr = w.target_worker.model_runner
 
@@ -1226,7 +1231,7 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     assert w.budgets.tau[3] == pytest.approx(0.8 * tau[3] + 0.2 * 2)
     w.on_verify_complete_cpu([0] * 4, batch_size=4)
     assert not w.measured
-    assert [name for name, _ in calls[2:9]] == list(STAGES)
+    assert [name for name, _ in calls[3:10]] == list(STAGES)
     assert w.budgets.nested and w.budgets.measured_by(4) == (3, 4)
     # a simulated tau per budget: each step measures only the budget it ran
     w.config = replace(

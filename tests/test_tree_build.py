@@ -562,8 +562,8 @@ def test_exact_topk_without_the_chain_is_the_budget():
 def test_nested_trees_are_prefixes_and_the_others_are_not_said_to_be(
     bs, L, V, budgets, seed, style
 ):
-    """nested_in(b, B, L) (what the draft graph slices smaller budgets' trees by): the b-tree built
-    alone is exactly the first b + 1 slots of the B-tree, padding included, with num_nodes capped
+    """nested_in(b, B, L) (how a step at budget B measures what budget b would have accepted,
+    plugin.budget): the b-tree built alone is exactly the first b + 1 slots of the B-tree, padding included, with num_nodes capped
     at b + 1. When it says no, the two straddle the horizon (one forces the chain, one does not)."""
     b, B = sorted(budgets)
     x = make_logits(seed, bs, L, V, style)
@@ -576,6 +576,47 @@ def test_nested_trees_are_prefixes_and_the_others_are_not_said_to_be(
     for f in ("tokens", "parents", "depths", "scores"):
         assert torch.equal(getattr(small, f), getattr(big, f)[:, : b + 1]), f
     assert torch.equal(small.num_nodes, big.num_nodes.clamp(max=b + 1))
+
+
+@SETTINGS
+@given(
+    bs=st.integers(1, 4),
+    L=st.integers(1, 6),
+    V=st.integers(1, 6),
+    B=st.integers(1, 12),
+    extra=st.integers(0, 6),
+    seed=st.integers(0, 2**31 - 1),
+    style=st.sampled_from(["normal", "ints", "equal", "neginf"]),
+    include_chain=st.booleans(),
+)
+def test_only_the_depths_the_budget_reaches_give_the_same_tree(
+    bs, L, V, B, extra, seed, style, include_chain
+):
+    """A tree of B nodes is at most min(B, L) deep, so the top-K of depths 1..D for any D from
+    min(B, L) to L (head.draft_tree puts only min(B, L) through the LM head) gives the tree of all
+    L depths, horizon L included, with or without the chain."""
+    x = make_logits(seed, bs, L, V, style)
+    roots = torch.randint(V, (bs,), generator=torch.Generator().manual_seed(seed + 1))
+    logq, ids = draft_topk(x, min(exact_topk(B, L, include_chain), V))
+    full = build_ddtree_from_topk(logq, ids, B, roots, include_chain)
+    D = min(min(B, L) + extra, L)
+    few = build_ddtree_from_topk(logq[:, :D], ids[:, :D], B, roots, include_chain, horizon=L)
+    assert_same_tree(few, full)
+    assert few.horizon == full.horizon == L
+
+
+@pytest.mark.parametrize(
+    "D, B, L, bad",
+    [
+        (2, 3, 4, "logq has 2 depths; a tree of budget=3 under horizon=4 needs between min"),
+        (3, 5, 4, "needs between min\\(budget, horizon\\)=4 and 4"),
+        (5, 9, 4, "logq has 5 depths"),
+    ],
+)
+def test_too_few_or_too_many_depths_are_refused(D, B, L, bad):
+    logq, ids = draft_topk(make_logits(0, 1, D, 5), 3)
+    with pytest.raises(ValueError, match=bad):
+        build_ddtree_from_topk(logq, ids, B, torch.tensor([0]), horizon=L)
 
 
 @SETTINGS

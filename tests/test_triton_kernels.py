@@ -64,6 +64,11 @@ def check_kernels_match_torch(device: str) -> None:
             n_chain = build._chain_length(chain, B, L)
             got = tk.ddtree_select(on(logq), on(ids), on(roots), B, n_chain)
             _check_selection(ref, got, (bs, L, V, B, chain, k))
+            if B < L:  # only the depths the budget reaches (head.draft_tree): the same tree
+                few = tk.ddtree_select(
+                    on(logq[:, :B].contiguous()), on(ids[:, :B].contiguous()), on(roots), B, 0
+                )
+                _check_selection(ref, few, (bs, L, V, B, chain, k, "depths", B))
         if not chain:
             continue  # the layout and walk kernels do not depend on how the tree was chosen
         tokens, depth, _, parent, score, num = (t.cpu() for t in got)

@@ -46,6 +46,7 @@ GROUPS = {
     "gdn_commit": "tree-aware GDN / mamba commit",
     "graph_hook": "target CUDA-graph capture hook (H1)",
     "batch": "forward batch, runtime context and result types",
+    "draft_graphs": "the draft sampler's own CUDA graphs (SGLang's capture context and pool)",
 }
 
 
@@ -185,6 +186,14 @@ NEEDS: tuple[Need, ...] = (
     _n("batch", "sglang.srt.managers.overlap_utils:FutureMap", "create_future_map", npos=5),
     _n("batch", f"{MR}.watermark_state", "eagle_sample argument"),
     _n("batch", f"{MR}.kv_index_translator", "draft forward KV plan"),
+    _n("draft_graphs", "sglang.srt.distributed.parallel_state:graph_capture",
+       "draft sampler graph capture", kw=("stream",)),
+    _n("draft_graphs", "sglang.srt.distributed.parallel_state:GraphCaptureContext.stream",
+       "draft sampler capture stream"),
+    _n("draft_graphs", "sglang.srt.model_executor.runner_utils.pool:"
+       "get_or_create_global_graph_memory_pool", "draft sampler graph pool", npos=1),
+    _n("draft_graphs", "sglang.srt.model_executor.runner_utils.pool:"
+       "get_or_create_global_graph_capture_stream", "draft sampler capture stream"),
 )
 # fmt: on
 

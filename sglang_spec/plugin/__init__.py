@@ -11,8 +11,9 @@ Modules, by job:
 * :mod:`~sglang_spec.plugin.algorithm`: the ``SpeculativeAlgorithm`` spec class and ``register``;
 * :mod:`~sglang_spec.plugin.verify_input`: ``DDTreeVerifyInput`` (EAGLE's tree verify input);
 * :mod:`~sglang_spec.plugin.worker`: ``DDTreeWorker``, one method per decode stage;
-* :mod:`~sglang_spec.plugin.draft_sampler`: the draft head, per-depth top-K and tree in the
-  drafter's CUDA graph (``_maybe_build_draft_sampler``) and the per-step choice of static or eager;
+* :mod:`~sglang_spec.plugin.draft_sampler`: the draft head, per-depth top-K and tree as CUDA graphs
+  per candidate budget over the block the drafter's graph stages (``_maybe_build_draft_sampler``)
+  and the per-step choice of graph or eager;
 * :mod:`~sglang_spec.plugin.hooks`: the HookRegistry hook for the target's CUDA-graph capture;
 * :mod:`~sglang_spec.plugin.adapter`: every SGLang internal the plug-in relies on, with the
   expectations a CPU test checks per pinned SGLang version;

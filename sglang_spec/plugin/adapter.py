@@ -92,6 +92,7 @@ _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaG
 
 # Keys are "module:qualified.name"; every `from sglang... import X` in sglang_spec/plugin must
 # appear here (tests/test_adapter.py checks that too).
+_POOL = "sglang.srt.model_executor.runner_utils.pool"
 _FILL_FRONT = "sglang.kernels.ops.speculative.cache_locs:fill_front_out_cache_loc_func"
 _SGLANG_0_5_23: dict[str, Expectation] = {
     # --- server-argument resolution (config.py)
@@ -463,6 +464,11 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         ("self", "init_new_workspace")
     ),
     "sglang.srt.model_executor.model_runner:ModelRunner.init_new_workspace": Member(),
+    # --- the draft sampler's own graphs (draft_sampler.capture): SGLang's capture context
+    "sglang.srt.distributed.parallel_state:graph_capture": Sig(("stream",)),
+    "sglang.srt.distributed.parallel_state:GraphCaptureContext.stream": Member(),
+    f"{_POOL}:get_or_create_global_graph_memory_pool": Sig(("device_module",)),
+    f"{_POOL}:get_or_create_global_graph_capture_stream": Sig(()),
 }
 
 # 0.5.22 differs from 0.5.23 in how the drafter's TP placement is held and entered (the needs
@@ -1081,6 +1087,24 @@ def tp_all_gather(lm_head: Any, group: Any, *, capacity: int = 0) -> AllGather |
 
 
 # ------------------------------------------------- the draft sampler hook (draft_sampler.py)
+
+
+@contextlib.contextmanager
+def graph_capture_scope() -> Iterator[tuple[Any, Any]]:
+    """SGLang's CUDA-graph capture context, as its own runners capture
+    (row_bucket_graph_runner.py ``_record``): ``graph_capture`` on the shared capture stream, which
+    enables the graph-mode collectives (PyNccl) of the TP group, and the shared graph memory pool.
+    Yields ``(stream, pool)``."""
+    from sglang.srt.distributed.parallel_state import graph_capture
+    from sglang.srt.model_executor.runner_utils.pool import (
+        get_or_create_global_graph_capture_stream,
+        get_or_create_global_graph_memory_pool,
+    )
+
+    pool = get_or_create_global_graph_memory_pool(torch.cuda)
+    with graph_capture(stream=get_or_create_global_graph_capture_stream()) as ctx:
+        yield ctx.stream, pool
+    torch.cuda.current_stream().wait_stream(ctx.stream)
 
 
 def draft_sampler(worker: Any) -> Any:

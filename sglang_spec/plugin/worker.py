@@ -5,9 +5,10 @@ A decode step is one method per stage, called in order by ``_decode_step``
 
     draft_stage           DFlash drafter, one TARGET_VERIFY pass over [bonus, MASK*(B-1)]; the
                           KV slots of the verify window looked up once for draft and verify
-    topk_stage            per-depth top-K through the target LM head, TP-aware
-                          (sglang_spec.tree.sharded_topk: never gathers the vocabulary), and
-                          build_ddtree_from_topk: inside the drafter's CUDA graph when it ran as
+    topk_stage            per-depth top-K through the target LM head over the depths the
+                          step's budget reaches, TP-aware (sglang_spec.tree.sharded_topk: never
+                          gathers the vocabulary), and build_ddtree_from_topk: a CUDA graph of the
+                          step's budget over the block the drafter's graph staged, when it ran as
                           one (plugin.draft_sampler), else here, with the same functions
     tree_stage            sglang_tree_abi -> DDTreeVerifyInput
     verify_stage          eagle_prepare_for_verify (on the draft's KV slots) + target
@@ -224,9 +225,12 @@ class DDTreeWorker(DFlashWorkerV2):
         self.measured: deque[tuple[int, int, torch.Tensor, int]] = deque()
 
     def init_cuda_graphs(self):
-        """The drafter's graphs (DFlash's), then with budget by batch size a target verify state
-        per candidate width; the server's (the largest) is the one the target captured."""
+        """The drafter's graphs (DFlash's, ending in the draft sampler's staging copy), the draft
+        sampler's graphs per candidate budget (draft_sampler.capture), then with budget by batch
+        size a target verify state per candidate width; the server's (the largest) is the one the
+        target captured."""
         super().init_cuda_graphs()
+        draft_sampler.capture(self)
         self.warm_accept_compaction()
         if self.budgets is None:
             return
@@ -317,8 +321,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self.budgets.observe(budget, sums.tolist(), n)
 
     def _maybe_build_draft_sampler(self):
-        """The draft LM head, per-depth top-K and tree, folded into the drafter's CUDA graphs
-        (sglang_spec.plugin.draft_sampler; DFLASH's in-graph head is argmax-only)."""
+        """The draft LM head, per-depth top-K and tree as CUDA graphs per candidate budget, fed
+        by a staging copy at the end of the drafter's graphs (sglang_spec.plugin.draft_sampler;
+        DFLASH's in-graph head is argmax-only)."""
         return draft_sampler.build(self)
 
     # ------------------------------------------------------------------ entry point
@@ -401,7 +406,7 @@ class DDTreeWorker(DFlashWorkerV2):
     def draft_stage(self, batch, draft_input) -> DraftOutput:
         """One DFlash drafter pass over [bonus, MASK*(B-1)] at prefix + arange(B); the block's
         K/V land in the (transient) verify window. With the draft sampler (draft_sampler.py) the
-        drafter's CUDA graph also builds the tree.
+        drafter's CUDA graph also stages the block for the tree's graphs.
 
         The KV slots of prefix + arange(max(B, N)) are looked up once (draft_window) for the
         draft and the verify (verify_write_locs).
@@ -486,10 +491,11 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def topk_stage(self, draft: DraftOutput) -> DraftTree:
-        """Per-depth top-K of the drafter marginals q_1..q_L (block rows 1..B-1) through the
-        target LM head, TP-aware (never gathers the vocabulary), and the best-first DDTree of
-        `budget` nodes: read from the draft CUDA graph's static outputs when the draft ran as a
-        graph, else computed here (draft_sampler.step_tree; the same functions either way)."""
+        """Per-depth top-K of the drafter marginals q_1..q_D (block rows 1..D, D = min(budget,
+        L): the depths a tree of `budget` nodes reaches) through the target LM head, TP-aware
+        (never gathers the vocabulary), and the best-first DDTree of `budget` nodes: by the
+        replay of the budget's graph when the draft ran as a graph, else computed here
+        (draft_sampler.step_tree; the same functions either way)."""
         return draft_sampler.step_tree(self, draft.hidden, draft.root_tokens, draft.ran_as_graph)
 
     def tree_stage(self, batch, tree: DraftTree) -> DDTreeVerifyInput:

@@ -14,7 +14,7 @@ from .build import (
     exact_topk,
     merge_sharded_topk,
 )
-from .head import DraftHead, StaticDraftTree, draft_tree
+from .head import DraftHead, DraftTreeGraphs, StagedDraftBlock, StaticDraftTree, draft_tree
 from .layout import ancestor_mask, sglang_tree_abi, tree_positions
 from .topk import StaticAllGather, VocabShard, shard_logits, sharded_topk
 from .types import DraftTree, TreeABI, TreeMaskMode, WalkResult, bitpack_dtype
@@ -23,6 +23,8 @@ from .walk import sample_target_tokens, walk_greedy, walk_sample
 __all__ = [
     "DraftHead",
     "DraftTree",
+    "DraftTreeGraphs",
+    "StagedDraftBlock",
     "StaticAllGather",
     "StaticDraftTree",
     "TreeABI",

@@ -246,11 +246,14 @@ def build_ddtree_from_topk(
     budget: int,
     root_tokens: torch.Tensor,
     include_chain: bool = True,
+    horizon: int | None = None,
 ) -> DraftTree:
     """Build the DDTree of ``budget`` draft nodes from per-depth top-K log-probs and token ids.
 
-    ``logq``/``ids`` are ``[bs, L, K]`` as returned by :func:`draft_topk` (exact for K >=
-    min(:func:`exact_topk`, V)); ``root_tokens [bs]`` are the last verified tokens. With
+    ``logq``/``ids`` are ``[bs, D, K]`` as returned by :func:`draft_topk` (exact for K >=
+    min(:func:`exact_topk`, V)) for the first D depths of the drafter's ``horizon`` L (default:
+    D); ``root_tokens [bs]`` are the last verified tokens. D may stop at ``min(budget, L)``,
+    the deepest a tree of ``budget`` nodes reaches, and the tree is the same. With
     ``include_chain`` and ``budget >= L`` slots ``1..L`` hold the chain ``ids[:, d, 0]`` (depth
     d + 1 at slot d + 1) and the other ``budget - L`` nodes are the best prefixes outside it;
     otherwise the tree is the plain best-first one (module docstring). Raises ``ValueError`` on
@@ -262,7 +265,13 @@ def build_ddtree_from_topk(
         raise ValueError(
             f"logq and ids must both be [bs, L, K]; got {tuple(logq.shape)} and {tuple(ids.shape)}"
         )
-    bs, L, K = logq.shape
+    bs, D, K = logq.shape
+    L = D if horizon is None else int(horizon)
+    if not min(budget, L) <= D <= L:
+        raise ValueError(
+            f"logq has {D} depths; a tree of budget={budget} under horizon={L} needs between "
+            f"min(budget, horizon)={min(budget, L)} and {L}"
+        )
     if root_tokens.shape != (bs,):
         raise ValueError(f"root_tokens must be [bs={bs}]; got shape {tuple(root_tokens.shape)}")
     chain = _chain_length(include_chain, budget, L)
@@ -284,7 +293,7 @@ def build_ddtree_from_topk(
         depth, rank, parent, score, num_nodes = _select_torch(logq, budget, chain)
         flat = (depth - 1).clamp(min=0) * K + rank
         tokens = torch.where(
-            depth > 0, ids.reshape(bs, L * K).gather(1, flat), root_tokens[:, None]
+            depth > 0, ids.reshape(bs, D * K).gather(1, flat), root_tokens[:, None]
         )
     return DraftTree(
         tokens=tokens, parents=parent, depths=depth, scores=score, num_nodes=num_nodes, horizon=L

@@ -7,25 +7,32 @@ rank's vocabulary shard and, under tensor parallelism, the all-gather;
 with its log-normaliser, and builds the best-first tree of ``budget`` nodes
 (:func:`~sglang_spec.tree.build_ddtree_from_topk`). Nothing reads the device from the host on CUDA.
 
-:class:`StaticDraftTree` runs :func:`draft_tree` inside the drafter's CUDA graph: called with the
-graph's hidden states and input ids at capture and replay (SGLang's draft-sampler contract: the
-bonus token is block position 0 of the input ids), it writes the top-K and the tree into buffers
-allocated once for the largest captured batch, of which a replay at batch size ``bs`` writes the
-first ``bs`` rows; given smaller budgets too, it writes their trees from the same top-K: a prefix
-of a larger one when nested in it (:func:`~sglang_spec.tree.build.nested_in`), else built. The
-serving side (``sglang_spec.plugin.draft_sampler``) builds it from the target's LM head and reads
-its outputs only after a replay; without a graph it calls :func:`draft_tree` itself.
+:func:`draft_tree` puts only the depths a tree of ``budget`` nodes can reach through the head:
+rows ``1..min(budget, B-1)`` (a best-first tree of ``b`` nodes is at most ``b`` deep).
+
+With CUDA graphs the drafter's graph ends in :class:`StagedDraftBlock` (SGLang's draft-sampler
+contract: called with the graph's hidden states and input ids, the bonus token at block position
+0), which copies the block into static buffers; :class:`DraftTreeGraphs` then replays, per decode
+step, one small graph of the step's budget and (padded) batch size that runs
+:class:`StaticDraftTree`, :func:`draft_tree` into static tree buffers. So a step at budget 7 runs
+the head over 7 depths with its own K, not the largest candidate's 15 depths and K, and builds
+one tree. The serving side (``sglang_spec.plugin.draft_sampler``) builds these from the target's
+LM head; without a graph it calls :func:`draft_tree` itself.
 
 Plain torch (Triton on CUDA through the tree build), no serving framework.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .build import build_ddtree_from_topk, check_tree_temperature, nested_in
+from .build import build_ddtree_from_topk, check_tree_temperature
 from .topk import AllGather, VocabShard, sharded_topk
 from .types import DraftTree
 
@@ -49,109 +56,166 @@ def draft_tree(
     temperature: float,
     budget: int,
 ) -> tuple[torch.Tensor, torch.Tensor, DraftTree]:
-    """Per-depth top-``k`` of the drafter block ``block_hidden [bs, B, H]`` (rows ``1..B-1``)
-    and the DDTree of ``budget`` nodes under ``root_tokens [bs]``.
+    """Per-depth top-``k`` of the drafter block ``block_hidden [bs, B, H]`` and the DDTree of
+    ``budget`` nodes under ``root_tokens [bs]``.
 
-    Returns float32 ``logq [bs, B-1, k]`` (log-probabilities under the tree ``temperature``), int64
-    ``ids [bs, B-1, k]`` (:func:`~sglang_spec.tree.sharded_topk`) and the tree.
+    Only the depths a tree of ``budget`` nodes can reach go through the head: block rows
+    ``1..D``, ``D = min(budget, B - 1)`` (:func:`head_depths`). Returns float32 ``logq [bs, D, k]``
+    (log-probabilities under the tree ``temperature``), int64 ``ids [bs, D, k]``
+    (:func:`~sglang_spec.tree.sharded_topk`) and the tree (its horizon is ``B - 1``).
     """
+    horizon = block_hidden.shape[1] - 1
     logq, ids = sharded_topk(
-        block_hidden[:, 1:, :],
+        block_hidden[:, 1 : 1 + head_depths(budget, horizon), :],
         head.weight,
         head.shard,
         k,
         temperature=temperature,
         all_gather=head.all_gather,
     )
-    return logq, ids, build_ddtree_from_topk(logq, ids, budget, root_tokens)
+    return logq, ids, build_ddtree_from_topk(logq, ids, budget, root_tokens, horizon=horizon)
+
+
+def head_depths(budget: int, horizon: int) -> int:
+    """The drafter depths whose marginals a tree of ``budget`` nodes can use: a best-first tree
+    reaches depth ``budget`` at most, so depths past ``min(budget, horizon)`` are never read."""
+    return min(int(budget), int(horizon))
+
+
+class StagedDraftBlock:
+    """Static copies of the drafter block's final hidden states ``[max_bs, B, H]`` and root tokens
+    ``[max_bs]``, which the drafter's CUDA graph writes (module docstring). Called with the
+    graph's ``hidden_states [bs * B, H]`` and ``input_ids [bs * B]`` (the bonus token is block
+    position 0), it writes rows ``[0, bs)``."""
+
+    def __init__(self, *, max_bs: int, block_size: int, hidden_size: int, dtype, device):
+        if block_size < 2 or max_bs < 1 or hidden_size < 1:
+            raise ValueError(
+                f"StagedDraftBlock needs block_size >= 2 and max_bs, hidden_size >= 1; got "
+                f"block_size={block_size}, max_bs={max_bs}, hidden_size={hidden_size}"
+            )
+        self.block_size = int(block_size)
+        self.hidden = torch.zeros((max_bs, block_size, hidden_size), dtype=dtype, device=device)
+        self.roots = torch.zeros((max_bs,), dtype=torch.int64, device=device)
+
+    def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> None:
+        bs = hidden_states.shape[0] // self.block_size
+        self.hidden[:bs].copy_(hidden_states.view(bs, self.block_size, -1))
+        self.roots[:bs].copy_(input_ids.view(bs, self.block_size)[:, 0])
 
 
 class StaticDraftTree:
-    """:func:`draft_tree` with static outputs, for a CUDA graph (module docstring).
-
-    ``head.all_gather`` must be capturable when the head is sharded
-    (:class:`~sglang_spec.tree.topk.StaticAllGather`). ``smaller_budgets`` (budget by batch size:
-    the other candidate budgets, each below ``budget``) get their trees built in the same call
-    from the same top-K, so a step at any candidate reads a tree the graph built. Outputs, rows
-    ``[0, bs)`` valid after a call on ``bs`` requests: ``logq``, ``ids`` ``[max_bs, B-1, k]``;
-    ``trees[b]``, a :class:`DraftTree` of ``[max_bs, 1 + b]`` buffers for every budget ``b``.
-    """
+    """:func:`draft_tree` at one ``budget`` into static tree buffers ``[max_bs, 1 + budget]``, for
+    a CUDA graph: a call on ``bs`` requests writes rows ``[0, bs)``. ``head.all_gather`` must be
+    capturable when the head is sharded (:class:`~sglang_spec.tree.topk.StaticAllGather`)."""
 
     def __init__(
         self,
         head: DraftHead,
         *,
-        block_size: int,
+        horizon: int,
         k: int,
         temperature: float,
         budget: int,
         max_bs: int,
-        smaller_budgets: tuple[int, ...] = (),
     ):
-        if block_size < 2 or k < 1 or budget < 1 or max_bs < 1:
+        if horizon < 1 or k < 1 or budget < 1 or max_bs < 1:
             raise ValueError(
-                f"StaticDraftTree needs block_size >= 2 and k, budget, max_bs >= 1; got "
-                f"block_size={block_size}, k={k}, budget={budget}, max_bs={max_bs}"
-            )
-        bad = [b for b in smaller_budgets if not 1 <= b < budget]
-        if bad:
-            raise ValueError(
-                f"StaticDraftTree's smaller_budgets must lie in [1, budget={budget}); got {bad}"
+                f"StaticDraftTree needs horizon, k, budget and max_bs >= 1; got horizon={horizon}, "
+                f"k={k}, budget={budget}, max_bs={max_bs}"
             )
         self.head = head
-        self.block_size = int(block_size)
         self.k = int(k)
         self.temperature = check_tree_temperature(temperature)
         self.budget = int(budget)
-        dev = head.weight.device
-        depths = self.block_size - 1
-        self.logq = torch.empty((max_bs, depths, self.k), dtype=torch.float32, device=dev)
-        self.ids = torch.empty((max_bs, depths, self.k), dtype=torch.int64, device=dev)
-        self.trees = {
-            b: _tree_buffers(max_bs, b + 1, depths, dev)
-            for b in (self.budget, *sorted({int(b) for b in smaller_budgets}, reverse=True))
-        }
+        self.tree = _tree_buffers(max_bs, self.budget + 1, int(horizon), head.weight.device)
 
-    def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> None:
-        """``hidden_states [bs * B, H]`` and ``input_ids [bs * B]`` of the drafter's block pass."""
-        bs = hidden_states.shape[0] // self.block_size
-        roots = input_ids.view(bs, self.block_size)[:, 0]
-        logq, ids, tree = draft_tree(
-            hidden_states.view(bs, self.block_size, -1),
-            roots,
+    def __call__(self, block_hidden: torch.Tensor, root_tokens: torch.Tensor) -> None:
+        """``block_hidden [bs, B, H]`` and ``root_tokens [bs]`` (B - 1 = the horizon)."""
+        bs = block_hidden.shape[0]
+        _, _, tree = draft_tree(
+            block_hidden,
+            root_tokens,
             self.head,
             k=self.k,
             temperature=self.temperature,
             budget=self.budget,
         )
-        self.logq[:bs].copy_(logq)
-        self.ids[:bs].copy_(ids)
-        horizon = self.block_size - 1
-        done: list[int] = []  # budgets written so far, descending
-        for b, out in self.trees.items():
-            source = next((a for a in done if nested_in(b, a, horizon)), None)
-            if source is not None:
-                # nested: the first b + 1 slots of a larger tree this call wrote (no second build)
-                src = self.trees[source]
-                for f in SLOT_FIELDS:
-                    getattr(out, f)[:bs].copy_(getattr(src, f)[:bs, : b + 1])
-                torch.clamp(src.num_nodes[:bs], max=b + 1, out=out.num_nodes[:bs])
-            else:
-                # A smaller budget's tree from the same top-K: the server's K covers every smaller
-                # budget's exact K, and ranks beyond it are never popped (build_ddtree_from_topk).
-                built = tree if b == self.budget else build_ddtree_from_topk(logq, ids, b, roots)
-                for f in TREE_FIELDS:
-                    getattr(out, f)[:bs].copy_(getattr(built, f))
-            done.append(b)
+        for f in TREE_FIELDS:
+            getattr(self.tree, f)[:bs].copy_(getattr(tree, f))
 
-    def outputs(
-        self, bs: int, budget: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, DraftTree]:
-        """The last call's first ``bs`` rows: ``(logq, ids, tree)`` at ``budget`` (default: the
-        sampler's), views of the static buffers (the next call overwrites them)."""
-        out = self.trees[self.budget if budget is None else budget]
-        tree = DraftTree(**{f: getattr(out, f)[:bs] for f in TREE_FIELDS}, horizon=out.horizon)
-        return self.logq[:bs], self.ids[:bs], tree
+    def outputs(self, bs: int) -> DraftTree:
+        """The last call's tree, its first ``bs`` rows: views of the static buffers (the next call
+        overwrites them)."""
+        out = self.tree
+        return DraftTree(**{f: getattr(out, f)[:bs] for f in TREE_FIELDS}, horizon=out.horizon)
+
+
+class DraftTreeGraphs:
+    """One CUDA graph per (budget, batch size) from the staged drafter block to that budget's tree
+    (module docstring): a step at budget ``b`` runs only ``b``'s head depths, top-K and tree.
+
+    ``trees`` maps every candidate budget to its :class:`StaticDraftTree` (all on the same head);
+    ``graph_bs`` are the batch sizes captured, as the drafter's graphs pad to them. Before
+    :meth:`capture` (or off CUDA) :meth:`tree` runs the same functions eagerly on the staged
+    block, so the data flow is the same with and without graphs.
+    """
+
+    def __init__(
+        self, staged: StagedDraftBlock, trees: dict[int, StaticDraftTree], graph_bs: list[int]
+    ):
+        if not trees or not graph_bs or max(graph_bs) > staged.hidden.shape[0]:
+            raise ValueError(
+                f"DraftTreeGraphs needs budgets and batch sizes within the staged block's "
+                f"{staged.hidden.shape[0]} rows; got budgets {sorted(trees)}, batch sizes "
+                f"{sorted(graph_bs)}"
+            )
+        self.staged = staged
+        self.trees = trees
+        self.graph_bs = sorted(int(b) for b in set(graph_bs))
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor) -> None:
+        """The drafter graph's tail: stage the block (:class:`StagedDraftBlock`)."""
+        self.staged(hidden_states, input_ids)
+
+    def padded_bs(self, bs: int) -> int:
+        """The captured batch size a step of ``bs`` requests replays: the smallest one >= bs."""
+        i = bisect.bisect_left(self.graph_bs, bs)
+        if i == len(self.graph_bs):
+            raise ValueError(
+                f"batch size {bs} exceeds the largest captured one, {self.graph_bs[-1]}"
+            )
+        return self.graph_bs[i]
+
+    def _run(self, budget: int, bs: int) -> None:
+        self.trees[budget](self.staged.hidden[:bs], self.staged.roots[:bs])
+
+    def capture(self, capture_scope: Callable[[], ContextManager[tuple[Any, Any]]]) -> None:
+        """Capture every (budget, batch size), largest first so the smaller ones reuse the
+        memory pool. ``capture_scope()`` yields the stream and the memory pool to capture with
+        (the serving framework's, so collectives inside are capturable). Two eager warm-ups
+        first: they compile the kernels and leave the caching allocator steady."""
+        with capture_scope() as (stream, pool):
+            for budget in sorted(self.trees, reverse=True):
+                for bs in reversed(self.graph_bs):
+                    for _ in range(2):
+                        self._run(budget, bs)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self._run(budget, bs)
+                    self.graphs[(budget, bs)] = graph
+        torch.cuda.synchronize()
+
+    def tree(self, bs: int, budget: int) -> DraftTree:
+        """``budget``'s tree of the staged block's first ``bs`` rows, by graph replay once
+        captured (rows past ``bs`` up to the captured size are computed and ignored)."""
+        graph = self.graphs.get((budget, self.padded_bs(bs)))
+        if graph is None:
+            self._run(budget, bs)
+        else:
+            graph.replay()
+        return self.trees[budget].outputs(bs)
 
 
 SLOT_FIELDS = ("tokens", "parents", "depths", "scores")  # [bs, 1 + budget]: one entry per slot
