@@ -87,3 +87,23 @@ def test_wheel_ships_data_and_entry_points(tmp_path):
     assert out[1] == str(site / "sglang_spec" / "data" / "server_configs") and int(out[2]) == len(
         configs
     )
+
+
+# A device call carries at most 64 MiB: the tracked tree, the SGLang kit (24.4 MB) and the compile
+# cache (about 11 MB, e2e/compile_cache.sh) must fit together (benchmarks/results/e2e_h200/README.md).
+TRACKED_LIMIT_MIB = 30
+
+
+def test_the_tracked_tree_leaves_room_for_the_kit_and_the_compile_cache_in_a_device_call():
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    sizes = {
+        f: (REPO / f.decode()).stat().st_size for f in listed if f and (REPO / f.decode()).is_file()
+    }
+    total = sum(sizes.values())
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:5]
+    assert total <= TRACKED_LIMIT_MIB * 2**20, (
+        f"the tracked files are {total / 2**20:.1f} MiB, over {TRACKED_LIMIT_MIB} MiB: store raw "
+        f"results as FILE.xz (largest: {[f.decode() for f in largest]})"
+    )
