@@ -7,7 +7,11 @@ Run on the GPU machine from the repo root, after ``source .gpu-kit/setup.sh``::
 A server is ``ar``, ``nextn``, ``dflash`` or ``ddtree<budget>``, optionally ``+graphs`` (CUDA graphs
 for decode batches up to ``--graph-bs``; otherwise eager), ``+patched`` (``sglang-spec patch
 apply`` on SGLang first; stays applied for later servers), ``+replayssm``
-(``--enable-linear-replayssm-spec``) and ``+nooverlap`` (``--disable-overlap-schedule``). Its flags
+(``--enable-linear-replayssm-spec``), ``+nooverlap`` (``--disable-overlap-schedule``) and, for
+``dflash`` and ``ddtree`` servers, ``+stages`` (``SGLANG_DDTREE_STAGE_TIMES``: every decode step's
+host and GPU milliseconds, per stage for DDTREE and as one stage for DFLASH, into
+``<out>/stages/<server>.jsonl``, summarised per batch size into ``<out>/stages/<server>.json``
+and a printed table: where a launch-bound step spends its host time). Its flags
 come from ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
 It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
@@ -41,7 +45,8 @@ import time
 from pathlib import Path
 
 from e2e import kit, slots
-from sglang_spec.plugin.config import SYNC_WARNING
+from e2e.scale import summarize_stage_file
+from sglang_spec.plugin.config import ENV_STAGE_TIMES, SYNC_WARNING
 from sglang_spec.serving.configs import ServerConfig
 from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
@@ -87,12 +92,17 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
     name, *mods = spec.split("+")
     m = re.fullmatch(r"(ar|nextn|dflash)|ddtree([1-9]\d*)", name)
-    if m is None or set(mods) - {"graphs", "patched", "replayssm", "nooverlap"}:
+    if m is None or set(mods) - {"graphs", "patched", "replayssm", "nooverlap", "stages"}:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs, +patched, +replayssm and +nooverlap"
+            "optional +graphs, +patched, +replayssm, +nooverlap and (dflash, ddtree) +stages"
         )
-    return (m.group(1) or "ddtree", int(m.group(2)) if m.group(2) else None, set(mods))
+    algorithm = m.group(1) or "ddtree"
+    if "stages" in mods and algorithm not in ("dflash", "ddtree"):
+        raise kit.HarnessError(
+            f"server {spec!r}: +stages times dflash and ddtree decode steps, not {algorithm}'s"
+        )
+    return (algorithm, int(m.group(2)) if m.group(2) else None, set(mods))
 
 
 def server_config(
@@ -250,6 +260,29 @@ def agreement(outputs: list[dict], reference: list[dict] | None) -> str:
     same = sum(o["text"] == r["text"] for o, r in pairs)
     missing = len(outputs) - len(pairs)
     return f"{same}/{len(outputs)}" + (f" ({missing} without a reference)" if missing else "")
+
+
+def _slug(spec: str) -> str:
+    return spec.replace("+", "_")
+
+
+def print_stage_tables(results: list[dict], stage_dir: Path) -> None:
+    """For every ``+stages`` server: per batch size, its decode steps and the median host and GPU
+    milliseconds of each stage and of their sum (``<stage_dir>/<server>.json``)."""
+    for r in results:
+        if not r.get("stages"):
+            continue
+        by_bs = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())["by_bs"]
+        stages = list(dict.fromkeys(st for e in by_bs.values() for st in e["host_ms"]))
+        print(f"\nstage times, {r['label']} (median ms per decode step, host / GPU):")
+        print("| bs | steps | " + " | ".join(stages) + " | sum |")
+        print("|---" * (len(stages) + 3) + "|")
+        for bs, e in by_bs.items():
+            cells = [
+                f"{e['host_ms'].get(st, 0):.3f} / {e['gpu_ms'].get(st, 0):.3f}" for st in stages
+            ]
+            host, gpu = sum(e["host_ms"].values()), sum(e["gpu_ms"].values())
+            print(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {host:.3f} / {gpu:.3f} |")
 
 
 def summarize(results, baseline=None):
@@ -421,11 +454,19 @@ def main(argv: list[str] | None = None) -> int:
             metrics = {"enable-metrics": True} if args.abort_check else {}
             extra = {**metrics, **dict(args.server_arg or [])}
             cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs, extra)
+            stage_dir = Path(args.out, "stages")
+            if "stages" in parse_server(spec)[2]:
+                stage_dir.mkdir(exist_ok=True)
+                stage_file = (stage_dir / f"{_slug(spec)}.jsonl").resolve()
+                cfg = kit.with_args(cfg, env={ENV_STAGE_TIMES: str(stage_file)})
             results.append(run_server(spec, cfg, prompts, args))
+            if "stages" in parse_server(spec)[2]:
+                results[-1]["stages"] = summarize_stage_file(stage_dir, _slug(spec))
             if patch_report:
                 results[-1]["patch_apply"] = patch_report
             Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     summarize(results, baseline)
+    print_stage_tables(results, Path(args.out, "stages"))
     if args.sweep:
         sweeps = sorted(glob.glob(os.path.join(args.out, "sweeps", "*.jsonl")))
         subprocess.run(

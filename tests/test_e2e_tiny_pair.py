@@ -179,6 +179,36 @@ def test_whole_run_against_a_fake_server(tmp_path, monkeypatch, capsys):
     assert not list((tmp_path / "out").glob("server_*.log"))  # successful servers drop their log
 
 
+def test_stages_time_the_speculative_servers_steps_and_print_them_per_batch_size(
+    tmp_path, monkeypatch, capsys
+):
+    """+stages: the server gets SGLANG_DDTREE_STAGE_TIMES at <out>/stages/<server>.jsonl (the fake
+    writes one line per decode step and prefill, as the worker does), summarised per batch size
+    into <server>.json and e2e.json and printed as host / GPU ms per stage and their sum; a server
+    without it gets no file."""
+    assert _main(tmp_path, monkeypatch, "dflash,ddtree16+graphs+stages") == 0
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    stage_file = tmp_path / "out" / "stages" / "ddtree16_graphs_stages.jsonl"
+    assert [c["env"].get("SGLANG_DDTREE_STAGE_TIMES") for c in calls] == [None, str(stage_file)]
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert "stages" not in results[0]
+    # 2 greedy, 2 concurrent and 2 sampled requests of 5 tokens: 4 steps each (tau 1.25)
+    assert results[1]["stages"] == {"steps": 24, "extends": 6, "batch_sizes": ["1"]}
+    summary = json.loads(stage_file.with_suffix(".json").read_text())
+    assert summary["by_bs"]["1"]["host_ms"] == {"draft": 1.5, "verify": 2.0}
+    out = capsys.readouterr().out
+    assert "stage times, ddtree16+graphs+stages (median ms per decode step, host / GPU):" in out
+    assert "| bs | steps | draft | verify | sum |" in out
+    assert "| 1 | 24 | 1.500 / 0.500 | 2.000 / 10.000 | 3.500 / 10.500 |" in out
+    assert "stage times, dflash " not in out
+
+
+@pytest.mark.parametrize("spec", ["ar+stages", "nextn+graphs+stages"])
+def test_stages_are_refused_for_servers_without_speculative_stages(spec):
+    with pytest.raises(kit.HarnessError, match=r"\+stages times dflash and ddtree decode steps"):
+        tiny_pair.parse_server(spec)
+
+
 def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, capsys):
     assert _main(tmp_path, monkeypatch, "ar,dflash", FAKE_CRASH="DFLASH") == 1
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
