@@ -18,6 +18,12 @@ Where the eager launches come from (``eager_sites``): each eager kernel launch i
 outermost host operator (a ``cpu_op`` event, e.g. ``aten::index_put_``) running on its thread when
 it was launched, or, launched outside any operator (a Triton kernel called from Python), to the
 kernel itself; per site, the launches and their kernels' GPU time per step.
+
+Where the host's time goes (``host_spans``): SGLang's own annotations of its scheduler loop and
+worker (``user_annotation`` events: ``scheduler.run_batch``, ``scheduler.process_batch_result``,
+``step[DRAFT bs=16]``, ...), each with its spans per step and median milliseconds. A launch-bound
+step (the tiny pair's) is as long as its host's run_batch; a GPU-bound one waits for the GPU in
+process_batch_result.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import bisect
 import gzip
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -163,7 +170,21 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             for name, row in sorted(sites.items(), key=lambda kv: -kv[1]["launches"])[:top]
         ],
         "graphs": _graphs(replays, steps),
+        "host_spans": _host_spans(events, steps),
     }
+
+
+def _host_spans(events: list[dict], steps: int) -> list[dict]:
+    """SGLang's host annotations (module docstring), in the order of first appearance: per name,
+    spans per step and median ms."""
+    spans: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e.get("ph") == "X" and "dur" in e:
+            spans.setdefault(e.get("name", "?"), []).append(float(e["dur"]) / 1000.0)
+    return [
+        {"name": name, "per_step": len(ms) / steps, "median_ms": statistics.median(ms)}
+        for name, ms in spans.items()
+    ]
 
 
 def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
@@ -247,7 +268,11 @@ def markdown(summary: dict) -> str:
             f"| {g['activities_per_replay']} | {g['replays_per_step']:.1f} | "
             f"{g['ms_per_replay']:.3f} | {tops} |"
         )
+    host = ["| host span (SGLang annotation) | per step | median ms |", "|---|---|---|"]
+    for h in s.get("host_spans", []):  # summaries written before session 26 lack it
+        host.append(f"| `{_short(h['name'])}` | {h['per_step']:.1f} | {h['median_ms']:.3f} |")
     tables = [[head], rows] + ([graphs] if len(graphs) > 2 else []) + [sites]
+    tables += [host] if len(host) > 2 else []
     return "\n\n".join("\n".join(t) for t in tables)
 
 

@@ -241,6 +241,34 @@ def test_trace_splits_time_by_cuda_graph():
     assert "| 3 | 1.0 | 18.000 | `gemm` 16.000, `attn` 2.000 |" in trace.markdown(s)
 
 
+def test_trace_reports_sglangs_host_spans_per_step():
+    """host_spans: every user annotation name in order of first appearance, its spans per step
+    and median ms; GPU-side annotations and instant events are not host spans."""
+    ev = _events(2, 20.0, 2.0)
+    for run_batch_us in (13000, 15000):
+        ev += [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "scheduler.run_batch",
+                "dur": run_batch_us,
+            },
+            {"ph": "X", "cat": "user_annotation", "name": "step[DRAFT bs=16]", "dur": 1300},
+            {"ph": "X", "cat": "gpu_user_annotation", "name": "step[DRAFT bs=16]", "dur": 9000},
+            {"ph": "i", "cat": "user_annotation", "name": "marker"},
+        ]
+    ev.append({"ph": "X", "cat": "user_annotation", "name": "step[DRAFT bs=16]", "dur": 2300})
+    s = trace.summarize(ev, steps=2)
+    assert s["host_spans"] == [
+        {"name": "scheduler.run_batch", "per_step": 1.0, "median_ms": pytest.approx(14.0)},
+        {"name": "step[DRAFT bs=16]", "per_step": 1.5, "median_ms": pytest.approx(1.3)},
+    ]
+    md = trace.markdown(s)
+    assert "| `scheduler.run_batch` | 1.0 | 14.000 |" in md
+    assert "| `step[DRAFT bs=16]` | 1.5 | 1.300 |" in md
+    assert "host span" not in trace.markdown(trace.summarize(_events(2, 20.0, 2.0), steps=2))
+
+
 def test_trace_cli(tmp_path, capsys):
     import gzip
 
