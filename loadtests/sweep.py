@@ -11,6 +11,14 @@ as soon as the level ends, with bench_serving's field names (``max_concurrency``
 ``output_throughput``, ``median_ttft_ms``, ``p99_itl_ms``, ``accept_length``, ``input_lens``,
 ``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py).
 
+Several servers in one run (``--base-url`` once per server, ``--label`` / ``--output`` once per
+server or not at all): their levels are interleaved -- at each concurrency every server runs its
+level before the next concurrency starts, the order rotating by one server per level -- so that a
+machine whose speed drifts (a launch-bound tiny model on a shared host: the same server's level
+moved by up to 1.4x between passes a minute apart, session 25) slows all of them alike, and their
+ratios hold where their absolute figures do not. Each server's levels go to its own ``--output``,
+tagged with the labels of the servers it was interleaved with.
+
 Robustness: every request has a timeout (``--request-timeout``); HTTP/SSE errors and timeouts are
 counted per level, never fatal; issuing stops at ``--max-level-seconds``; Ctrl-C (or SIGTERM) stops
 issuing, cancels the requests in flight, writes the partial level with ``"interrupted": true`` and exits
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as _dt
 import ipaddress
 import json
@@ -170,7 +179,13 @@ def _prompt_template(text: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:30000", help="the server to load")
+    p.add_argument(
+        "--base-url",
+        action="append",
+        default=None,
+        help="the server to load (default http://127.0.0.1:30000); once per server to interleave "
+        "several servers' levels",
+    )
     p.add_argument(
         "--api",
         choices=(GENERATE, CHAT),
@@ -269,8 +284,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--label",
         type=nonempty,
+        action="append",
         default=None,
-        help="run label in reports (default: algorithm, DDTREE-b<budget>)",
+        help="run label in reports (default: algorithm, DDTREE-b<budget>); once per --base-url",
     )
     p.add_argument(
         "--algorithm",
@@ -294,8 +310,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output",
         type=output_file,
+        action="append",
         default=None,
-        help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl)",
+        help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl); once per "
+        "--base-url",
     )
     p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -308,9 +326,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _base_urls(a: argparse.Namespace) -> list[str]:
+    return [u.rstrip("/") for u in (a.base_url or ["http://127.0.0.1:30000"])]
+
+
 def config_from_args(a: argparse.Namespace) -> SweepConfig:
     return SweepConfig(
-        base_url=a.base_url.rstrip("/"),
+        base_url=_base_urls(a)[0],
         api=a.api,
         concurrency=tuple(a.concurrency),
         max_new_tokens=a.max_new_tokens,
@@ -542,71 +564,102 @@ async def run_level(
     }
 
 
+@dataclass
+class Target:
+    """One server of a sweep: its config (``base_url``), the fields each of its records carries,
+    and the JSONL its levels are appended to."""
+
+    cfg: SweepConfig
+    meta: dict
+    output: Path
+
+
+def interleaved(targets: list, level: int) -> list:
+    """The servers' order at the ``level``-th concurrency: rotated by one per level, so none of
+    them always runs first (module docstring)."""
+    k = level % len(targets)
+    return targets[k:] + targets[:k]
+
+
 async def run_sweep(
-    cfg: SweepConfig,
+    targets: list[Target],
     prompts: list[str],
-    run_meta: dict,
-    output: Path,
     interrupt: Interrupt | None = None,
 ) -> list[dict]:
     interrupt = interrupt or Interrupt()
     stop = interrupt.event
     records: list[dict] = []
-    conn = aiohttp.TCPConnector(limit=max(cfg.concurrency) + 8, force_close=False)
+    levels = targets[0].cfg.concurrency  # every target has the same levels and counts
+    conn = aiohttp.TCPConnector(limit=max(levels) + 8, force_close=False)
     async with aiohttp.ClientSession(
         connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
     ) as s:
-        for i in range(cfg.warmup):
-            if stop.is_set():
-                break
-            spec = RequestSpec(
-                api=cfg.api,
-                base_url=cfg.base_url,
-                prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
-                max_new_tokens=min(cfg.max_new_tokens, 32),
-                temperature=cfg.temperature,
-                stream=cfg.stream,
-                model=cfg.model or "default",
-                chat_template_kwargs=cfg.chat_template_kwargs,
-                extra_body=cfg.extra_body,
-                timeout=cfg.request_timeout,
-            )
-            r = await send_request(s, spec)
-            if not r.success:
-                print(f"[sweep] warmup request failed: {r.error}", file=sys.stderr)
-        for c in cfg.concurrency:
-            if stop.is_set():
-                break
-            flushed = await flush_cache(s, cfg.base_url) if cfg.flush else None
-            if flushed is False:
-                print(
-                    "[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
-                    file=sys.stderr,
-                )
-            level = await run_level(s, cfg, c, prompts, stop)
-            info = await get_json(s, cfg.base_url + "/server_info")
-            summary = summarize(level["results"], level["duration"])
-            rec = {
-                **run_meta,
-                "max_concurrency": c,
-                "request_rate": "inf",
-                "num_requests_target": cfg.level_target(c),
-                **summary,
-                "accept_length": server_accept_length(info),
-                "flush_ok": flushed,
-                "interrupted": level["interrupted"],
-                "cancelled": level["cancelled"],
-                "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
-            }
-            if cfg.keep_text:
-                rec["generated_texts"] = [r.generated_text for r in level["results"]]
-            with open(output, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            records.append(rec)
-            print(format_level(rec), file=sys.stderr, flush=True)
+        for t in targets:
+            await _warm_up(s, t.cfg, prompts, stop)
+        for i, c in enumerate(levels):
+            for t in interleaved(targets, i):
+                if stop.is_set():
+                    break
+                records.append(await _run_recorded_level(s, t, c, prompts, stop))
     return records
+
+
+async def _warm_up(s, cfg: SweepConfig, prompts: list[str], stop: asyncio.Event) -> None:
+    for i in range(cfg.warmup):
+        if stop.is_set():
+            break
+        spec = RequestSpec(
+            api=cfg.api,
+            base_url=cfg.base_url,
+            prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
+            max_new_tokens=min(cfg.max_new_tokens, 32),
+            temperature=cfg.temperature,
+            stream=cfg.stream,
+            model=cfg.model or "default",
+            chat_template_kwargs=cfg.chat_template_kwargs,
+            extra_body=cfg.extra_body,
+            timeout=cfg.request_timeout,
+        )
+        r = await send_request(s, spec)
+        if not r.success:
+            print(f"[sweep] warmup request failed: {r.error}", file=sys.stderr)
+
+
+async def _run_recorded_level(
+    s, t: Target, c: int, prompts: list[str], stop: asyncio.Event
+) -> dict:
+    """One level of ``t`` at concurrency ``c``: flush, run, read the server's acceptance, append
+    the record to ``t.output``."""
+    cfg = t.cfg
+    flushed = await flush_cache(s, cfg.base_url) if cfg.flush else None
+    if flushed is False:
+        print(
+            "[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
+            file=sys.stderr,
+        )
+    level = await run_level(s, cfg, c, prompts, stop)
+    info = await get_json(s, cfg.base_url + "/server_info")
+    summary = summarize(level["results"], level["duration"])
+    rec = {
+        **t.meta,
+        "max_concurrency": c,
+        "request_rate": "inf",
+        "num_requests_target": cfg.level_target(c),
+        **summary,
+        "accept_length": server_accept_length(info),
+        "flush_ok": flushed,
+        "interrupted": level["interrupted"],
+        "cancelled": level["cancelled"],
+        "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
+    }
+    if cfg.keep_text:
+        rec["generated_texts"] = [r.generated_text for r in level["results"]]
+    with open(t.output, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    print(format_level(rec), file=sys.stderr, flush=True)
+    return rec
 
 
 def _f(x, spec=".1f"):
@@ -625,6 +678,57 @@ def format_level(r: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- entry points
+async def _target(
+    args: argparse.Namespace, cfg: SweepConfig, prompts: list[str], i: int
+) -> Target | None:
+    """The ``i``-th server's :class:`Target` (its label and output: the ``i``-th ``--label`` /
+    ``--output``, or from its ``/server_info``), or None when it does not answer ``/health``."""
+    async with aiohttp.ClientSession() as s:
+        if not await wait_healthy(s, cfg.base_url, args.wait_for_server):
+            print(f"[sweep] {cfg.base_url}/health is not answering 200", file=sys.stderr)
+            return None
+        info = await get_json(s, cfg.base_url + "/server_info")
+    algorithm = (args.algorithm or infer_algorithm(info)).upper()
+    label = args.label[i] if args.label else default_label(algorithm, info)
+    model = (
+        args.target_model
+        or (info or {}).get("model_path")
+        or (info or {}).get("served_model_name")
+        or cfg.model
+        or "unknown"
+    )
+    if cfg.model is None and cfg.api == CHAT:
+        cfg.model = (
+            (info or {}).get("served_model_name") or (info or {}).get("model_path") or "default"
+        )
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    output = Path(args.output[i] if args.output else f"loadtest_results/{label}-{stamp}.jsonl")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "label": label,
+        "algorithm": algorithm,
+        "model": model,
+        "backend": BACKEND_NAMES[cfg.api],
+        "api": cfg.api,
+        "base_url": cfg.base_url,
+        "dataset_name": args.prompts,
+        "num_prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "ignore_eos": cfg.ignore_eos,
+        "stream": cfg.stream,
+        "chat_template_kwargs": cfg.chat_template_kwargs,
+        "server_config": args.server_config,
+        "tag": args.tag,
+        "server_info": server_meta(info),
+    }
+    print(
+        f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
+        file=sys.stderr,
+    )
+    return Target(cfg, meta, output)
+
+
 async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:
     loop = asyncio.get_running_loop()
     interrupt = Interrupt()
@@ -637,67 +741,51 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
     try:
-        async with aiohttp.ClientSession() as s:
-            if not await wait_healthy(s, cfg.base_url, args.wait_for_server):
-                print(f"[sweep] {cfg.base_url}/health is not answering 200", file=sys.stderr)
+        urls = _base_urls(args)
+        sweep_id = uuid.uuid4().hex[:12]
+        targets = []
+        for i, url in enumerate(urls):
+            target = await _target(args, dataclasses.replace(cfg, base_url=url), prompts, i)
+            if target is None:
                 return 1
-            info = await get_json(s, cfg.base_url + "/server_info")
-        algorithm = (args.algorithm or infer_algorithm(info)).upper()
-        label = args.label or default_label(algorithm, info)
-        model = (
-            args.target_model
-            or (info or {}).get("model_path")
-            or (info or {}).get("served_model_name")
-            or cfg.model
-            or "unknown"
-        )
-        if cfg.model is None and cfg.api == CHAT:
-            cfg.model = (
-                (info or {}).get("served_model_name") or (info or {}).get("model_path") or "default"
-            )
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        output = Path(args.output or f"loadtest_results/{label}-{stamp}.jsonl")
-        output.parent.mkdir(parents=True, exist_ok=True)
-        run_meta = {
-            "label": label,
-            "algorithm": algorithm,
-            "model": model,
-            "backend": BACKEND_NAMES[cfg.api],
-            "api": cfg.api,
-            "base_url": cfg.base_url,
-            "dataset_name": args.prompts,
-            "num_prompts": len(prompts),
-            "max_new_tokens": cfg.max_new_tokens,
-            "temperature": cfg.temperature,
-            "ignore_eos": cfg.ignore_eos,
-            "stream": cfg.stream,
-            "chat_template_kwargs": cfg.chat_template_kwargs,
-            "server_config": args.server_config,
-            "tag": args.tag,
-            "sweep_id": uuid.uuid4().hex[:12],
-            "server_info": server_meta(info),
-        }
-        print(
-            f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
-            file=sys.stderr,
-        )
-        records = await run_sweep(cfg, prompts, run_meta, output, interrupt)
+            target.meta["sweep_id"] = sweep_id
+            targets.append(target)
+        if len(targets) > 1:
+            for t in targets:
+                t.meta["interleaved_with"] = [u.meta["label"] for u in targets if u is not t]
+        records = await run_sweep(targets, prompts, interrupt)
     except asyncio.CancelledError:
         print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
         return 130
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-    print(f"[sweep] wrote {len(records)} level record(s) to {output}", file=sys.stderr)
+    for t in targets:
+        n = sum(r["label"] == t.meta["label"] for r in records)
+        print(f"[sweep] wrote {n} level record(s) to {t.output}", file=sys.stderr)
     if interrupt.count:
         return 130
     return 0 if any(r["completed"] for r in records) else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    reason = check_base_url(args.base_url, args.allow_remote)
-    if reason:
-        return usage_error(PROG, "--base-url", args.base_url, reason)
+    urls = _base_urls(args)
+    for url in urls:
+        reason = check_base_url(url, args.allow_remote)
+        if reason:
+            return usage_error(PROG, "--base-url", url, reason)
+    if len(set(urls)) < len(urls):
+        return usage_error(PROG, "--base-url", " ".join(urls), "each server once")
+    for flag, given in (("--label", args.label), ("--output", args.output)):
+        if given is not None and len(given) != len(urls):
+            return usage_error(
+                PROG, flag, " ".join(map(str, given)), f"one per --base-url ({len(urls)})"
+            )
+    for flag, given in (("--algorithm", args.algorithm), ("--server-config", args.server_config)):
+        if len(urls) > 1 and given is not None:
+            return usage_error(
+                PROG, flag, given, "none with several --base-url (it would name every server)"
+            )
     try:
         prompts = load_prompts(args.prompts, humaneval_path=args.humaneval_path)
     except (PromptError, OSError) as e:

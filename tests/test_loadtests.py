@@ -573,6 +573,77 @@ def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch
     assert len({next(iter(c)) for c in colours.values()}) == 4
 
 
+def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
+    tmp_path, monkeypatch
+):
+    """Two servers in one sweep: at every concurrency both run their level before the next
+    concurrency, the first server rotating by one per level; each server's records (its label,
+    its tokens per step) go to its own output, tagged with the other's label and one sweep id."""
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    order = []
+    run_level = sweep._run_recorded_level
+
+    async def recorded(s, t, c, prompts, stop):
+        order.append((t.meta["label"], c))
+        return await run_level(s, t, c, prompts, stop)
+
+    monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
+    outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
+    with (
+        serve_in_thread(KPerStep(1), model_name="m") as ar,
+        serve_in_thread(KPerStep(4), model_name="m") as dflash,
+    ):
+        rc = sweep.main(
+            ["--base-url", ar.url, "--base-url", dflash.url, "--label", "AR", "--label", "DFLASH"]
+            + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(pf)]
+            + ["--no-progress", "--concurrency", "1,2,4", "--num-requests", "4"]
+            + ["--max-new-tokens", "8", "--api", "generate", "--warmup", "1"]
+        )
+        assert rc == 0
+        served = {"AR": len(ar.server.completed), "DFLASH": len(dflash.server.completed)}
+    assert order == [("AR", 1), ("DFLASH", 1), ("DFLASH", 2), ("AR", 2), ("AR", 4), ("DFLASH", 4)]
+    assert served == {"AR": 13, "DFLASH": 13}  # a warm-up request and 3 levels of 4 each
+    ar_levels, dflash_levels = _levels(outs[0]), _levels(outs[1])
+    assert [r["max_concurrency"] for r in ar_levels] == [1, 2, 4]
+    assert {r["label"] for r in ar_levels} == {"AR"} and {r["label"] for r in dflash_levels} == {
+        "DFLASH"
+    }
+    assert all(r["tokens_per_step"] is None for r in ar_levels)
+    assert all(r["tokens_per_step"] == pytest.approx(4.0) for r in dflash_levels)
+    assert {r["interleaved_with"][0] for r in ar_levels} == {"DFLASH"}
+    assert {r["interleaved_with"][0] for r in dflash_levels} == {"AR"}
+    assert len({r["sweep_id"] for r in ar_levels + dflash_levels}) == 1
+    assert all("interleaved_with" not in r for r in _levels_of_one_server(tmp_path, pf))
+
+
+def _levels_of_one_server(tmp_path, pf) -> list[dict]:
+    out = tmp_path / "one.jsonl"
+    with serve_in_thread(KPerStep(2), model_name="m") as srv:
+        assert _sweep(srv, out, pf, "--num-requests", "2", "--max-new-tokens", "4") == 0
+    return _levels(out)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--label", "A"], "argument --label: got 'A'; valid: one per --base-url (2)"),
+        (["--output", "x.jsonl"], "argument --output: got 'x.jsonl'; valid: one per --base-url"),
+        (["--algorithm", "AR"], "argument --algorithm: got 'AR'; valid: none with several"),
+        (["--server-config", "c"], "argument --server-config: got 'c'; valid: none with several"),
+    ],
+)
+def test_several_servers_need_a_label_and_an_output_each_and_no_shared_algorithm(
+    tmp_path, capsys, extra, message
+):
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    urls = ["--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:2"]
+    assert sweep.main([*urls, "--prompts", str(pf), *extra]) == 2
+    assert message in capsys.readouterr().err
+    same = ["--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:1/"]
+    assert sweep.main([*same, "--prompts", str(pf)]) == 2
+    assert "valid: each server once" in capsys.readouterr().err
+
+
 def test_non_loopback_hosts_are_refused(tmp_path, capsys):
     pf = _write_prompts(tmp_path / "p.jsonl")
     assert sweep.main(["--base-url", "http://10.1.2.3:30000", "--prompts", str(pf)]) == 2
