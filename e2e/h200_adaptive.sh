@@ -16,6 +16,12 @@
 # up to 1.8x between sessions). SWEEP_TOKENS=T: output tokens per sweep request (default 128; the
 # tiny pair's prefill, 33-90 ms, costs about ten 3.5 ms decode steps, and a speculative server
 # finishes a 128-token request in about 20 steps, so its levels from C = 4 are prefill-bound).
+#  interleaved: PARTS=interleaved, the fixed servers (FIXED_SERVERS) and the adaptive one
+#            (ddtree63$MODS+adaptive) up at once in ONE e2e.tiny_pair run (--interleave): the same
+#            checks per server, then one load test whose levels alternate between the servers, so
+#            the 5 % comparisons of issue 15's tiny bar are made within seconds, not across calls
+#            (session 25: one server's level moved by up to 1.4x between passes); exits 1 unless
+#            the adaptive server's log shows its per-width verify states. INTERLEAVED_LIMIT_S (560).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
 # calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
@@ -44,6 +50,19 @@ common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-
   --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}"
   --sweep-tokens "${SWEEP_TOKENS:-128}")
 rc=0
+# Every +adaptive server of an e2e.json (all servers when none is marked: the adaptive part's) ran
+# and logged the per-width verify states it built (session 7: a leftover server answered instead).
+verify_states() {
+  "$SGLANG_KIT_PYTHON" -c 'import json, sys
+runs = json.load(open(sys.argv[1]))
+adaptive = [r for r in runs if "+adaptive" in r["label"]] or runs
+ok = bool(adaptive)
+for r in adaptive:
+    states = [ln for ln in r.get("log_ddtree", []) if "budget by batch size: target verify states" in ln]
+    print(r["label"], "ok" if r["ok"] else "FAILED", *states, sep="\n  ")
+    ok &= bool(r["ok"] and states)
+sys.exit(0 if ok else 1)' "$1"
+}
 if [[ " $PARTS " == *" fixed "* ]]; then
   dist=()  # DIST_SAMPLES=N: 2-token samples for the chi-square against the exact law (issue 14 item 3)
   [ -n "${DIST_SAMPLES:-}" ] && dist=(--dist-samples "$DIST_SAMPLES" --dist-servers "ar+graphs,ddtree63${MODS}")
@@ -71,13 +90,18 @@ sys.exit(0 if any(r["label"].startswith("ar") and r["ok"] for r in json.load(ope
     --server-arg speculative-adaptive \
     --server-arg "speculative-adaptive-config=${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/adaptive.log" 2>&1
   echo "adaptive rc $?" | tee -a "$OUT/adaptive.log"
-  "$SGLANG_KIT_PYTHON" -c 'import json, sys
-ok = True
-for r in json.load(open(sys.argv[1])):
-    states = [ln for ln in r.get("log_ddtree", []) if "budget by batch size: target verify states" in ln]
-    print(r["label"], "ok" if r["ok"] else "FAILED", *states, sep="\n  ")
-    ok &= bool(r["ok"] and states)
-sys.exit(0 if ok else 1)' "$OUT/adaptive/e2e.json" || { echo "adaptive: no verify-states log line"; rc=1; }
+  verify_states "$OUT/adaptive/e2e.json" || { echo "adaptive: no verify-states log line"; rc=1; }
   tail -n 30 "$OUT/adaptive.log"
+fi
+if [[ " $PARTS " == *" interleaved "* ]]; then
+  timeout "${INTERLEAVED_LIMIT_S:-560}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
+    "${common[@]}" --interleave \
+    --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}},ddtree63${MODS}+adaptive" \
+    --adaptive-config "${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/interleaved.log" 2>&1
+  status=$?
+  echo "interleaved rc $status" | tee -a "$OUT/interleaved.log"
+  [ $status -eq 0 ] || rc=1
+  verify_states "$OUT/interleaved/e2e.json" || { echo "interleaved: no verify-states log line"; rc=1; }
+  tail -n 40 "$OUT/interleaved.log"
 fi
 exit $rc

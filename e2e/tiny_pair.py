@@ -11,7 +11,9 @@ apply`` on SGLang first; stays applied for later servers), ``+replayssm``
 ``dflash`` and ``ddtree`` servers, ``+stages`` (``SGLANG_DDTREE_STAGE_TIMES``: every decode step's
 host and GPU milliseconds, per stage for DDTREE and as one stage for DFLASH, into
 ``<out>/stages/<server>.jsonl``, summarised per batch size into ``<out>/stages/<server>.json``
-and a printed table: where a launch-bound step spends its host time). Its flags
+and a printed table: where a launch-bound step spends its host time), and for ``ddtree`` servers
+``+adaptive`` (``--speculative-adaptive`` with ``--adaptive-config FILE``: budget by batch
+size). Its flags
 come from ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
 It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
@@ -19,6 +21,12 @@ for ``/health``, sends greedy requests one by one and then concurrently, plus sa
 (T > 0), and stops the server.
 With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) and writes the
 comparison report and plots (``loadtests.compare``) under ``<out>/report``.
+With ``--interleave`` every server stays up at once (started one after another on ports ``--port``
++ i, with ``--sleep-on-idle``; every ``+patched`` applied before the first starts), each is
+checked in turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a
+``--base-url`` per server): a launch-bound tiny server's level moved by up to 1.4x between passes
+a minute apart (session 25), so servers measured one after the other cannot be told apart within
+5 %, and interleaved ones can.
 With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
 :mod:`e2e.slots` (N concurrent streams, a quarter aborted mid-stream, the KV and mamba pools' free
 counts before = after, a clean log; the servers get ``--enable-metrics``), prints its table, writes
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import glob
 import json
 import os
@@ -92,25 +101,44 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
     """``ddtree64+graphs`` -> ("ddtree", 64, {"graphs"}); a one-line error for anything else."""
     name, *mods = spec.split("+")
     m = re.fullmatch(r"(ar|nextn|dflash)|ddtree([1-9]\d*)", name)
-    if m is None or set(mods) - {"graphs", "patched", "replayssm", "nooverlap", "stages"}:
+    if m is None or set(mods) - {
+        "graphs",
+        "patched",
+        "replayssm",
+        "nooverlap",
+        "stages",
+        "adaptive",
+    }:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs, +patched, +replayssm, +nooverlap and (dflash, ddtree) +stages"
+            "optional +graphs, +patched, +replayssm, +nooverlap, (dflash, ddtree) +stages and "
+            "(ddtree) +adaptive"
         )
     algorithm = m.group(1) or "ddtree"
     if "stages" in mods and algorithm not in ("dflash", "ddtree"):
         raise kit.HarnessError(
             f"server {spec!r}: +stages times dflash and ddtree decode steps, not {algorithm}'s"
         )
+    if "adaptive" in mods and algorithm != "ddtree":
+        raise kit.HarnessError(
+            f"server {spec!r}: +adaptive (budget by batch size) is DDTREE's, not {algorithm}'s"
+        )
     return (algorithm, int(m.group(2)) if m.group(2) else None, set(mods))
 
 
 def server_config(
-    spec: str, target: str, drafter: str, block: int, graph_bs: int, extra: dict | None = None
+    spec: str,
+    target: str,
+    drafter: str,
+    block: int,
+    graph_bs: int,
+    extra: dict | None = None,
+    adaptive_config: str | None = None,
 ) -> ServerConfig:
     """The tiny pair's config for the algorithm with the paths, budget, block size and CUDA-graph
     setting of this server, under the kit's flags (graph_bs: decode batches up to it, 0 = eager),
-    and ``extra`` (``--server-arg``) over everything."""
+    with ``+adaptive`` the budget by batch size of ``adaptive_config``, and ``extra``
+    (``--server-arg``) over everything."""
     algorithm, budget, mods = parse_server(spec)
     cfg = kit.config_for(CONFIGS, algorithm)
     ours: dict = {"model-path": target}
@@ -130,37 +158,99 @@ def server_config(
         ours["enable-linear-replayssm-spec"] = True
     if "nooverlap" in mods:
         ours["disable-overlap-schedule"] = True
+    if "adaptive" in mods:
+        if adaptive_config is None:
+            raise kit.HarnessError(f"server {spec!r}: +adaptive needs --adaptive-config FILE")
+        ours["speculative-adaptive"] = True
+        ours["speculative-adaptive-config"] = adaptive_config
     graphs = kit.graph_args(graph_bs if "graphs" in mods else 0)
     speculative = cfg.algorithm in kit.SPECULATIVE
     return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})
 
 
 def run_server(label, cfg, prompts, args):
-    log_path = Path(args.out) / f"server_{label.replace('+', '_')}.log"
-    srv = kit.Server(
-        cfg,
-        log_path,
-        port=args.port,
-        start_timeout=args.start_timeout,
-        launcher=args.launcher,
-        log_tail=args.log_tail,
-    )
+    """Start ``label``'s server, exercise it (checks, load test, abort check) and stop it."""
+    srv = _server(label, cfg, args, args.port)
     res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
     try:
         with srv:
             res["start_s"] = srv.start_s
-            exercise(res, srv, prompts, args, label)
+            check(res, srv, prompts, args)
+            if args.sweep:
+                load_test([(label, srv)], args)
+            read_server_info(res, srv)
+            abort_check(res, srv, prompts, args)
         res["ok"] = True
-    except (
-        kit.ServerFailed,
-        kit.HarnessError,
-        OSError,
-        KeyError,
-        TypeError,
-        ValueError,
-        subprocess.CalledProcessError,
-    ) as e:
+    except HARNESS_ERRORS as e:
         res["error"] = kit.http_error_text(e)
+    finish(res, srv, args)
+    return res
+
+
+def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> list[dict]:
+    """``--interleave``: every server up at once (started one after another, each answering
+    before the next starts; ports ``--port`` + i; ``--sleep-on-idle``), each checked in turn,
+    then ONE load test over all of them with their levels interleaved (``loadtests.sweep`` with a
+    ``--base-url`` per server), then the abort checks, then all stopped."""
+    results, running = [], []
+    with contextlib.ExitStack() as stack:
+        for i, (label, cfg) in enumerate(servers):
+            srv = _server(label, kit.with_args(cfg, {"sleep-on-idle": True}), args, args.port + i)
+            res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
+            results.append(res)
+            try:
+                stack.enter_context(srv)
+                res["start_s"] = srv.start_s
+                check(res, srv, prompts, args)
+                running.append((res, srv))
+            except HARNESS_ERRORS as e:
+                res["error"] = kit.http_error_text(e)
+                finish(res, srv, args)
+        try:
+            if args.sweep and running:
+                load_test([(res["label"], srv) for res, srv in running], args)
+        except HARNESS_ERRORS as e:
+            for res, _ in running:
+                res["error"] = f"interleaved load test: {kit.http_error_text(e)}"
+        for res, srv in running:
+            if "error" in res:
+                continue
+            try:
+                read_server_info(res, srv)
+                abort_check(res, srv, prompts, args)
+                res["ok"] = True
+            except HARNESS_ERRORS as e:
+                res["error"] = kit.http_error_text(e)
+    for res, srv in running:  # after every server stopped: their whole logs
+        finish(res, srv, args)
+    return results
+
+
+HARNESS_ERRORS = (
+    kit.ServerFailed,
+    kit.HarnessError,
+    OSError,
+    KeyError,
+    TypeError,
+    ValueError,
+    subprocess.CalledProcessError,
+)
+
+
+def _server(label: str, cfg: ServerConfig, args, port: int) -> kit.Server:
+    return kit.Server(
+        cfg,
+        Path(args.out) / f"server_{_slug(label)}.log",
+        port=port,
+        start_timeout=args.start_timeout,
+        launcher=args.launcher,
+        log_tail=args.log_tail,
+    )
+
+
+def finish(res: dict, srv: kit.Server, args) -> None:
+    """The server's DDTREE log lines and sync warnings into ``res``; its log tail printed when it
+    failed; its log deleted when it passed (the device returns few files)."""
     lines = srv.log_text().splitlines()
     res["log_ddtree"] = [
         ln for ln in lines if "DDTREE" in ln or "ddtree" in ln or "sglang_spec" in ln
@@ -169,20 +259,18 @@ def run_server(label, cfg, prompts, args):
     res["sync_warnings"] = [ln for ln in lines if SYNC_WARNING in ln][:20]
     if not res["ok"]:
         print(
-            f"--- {label} FAILED ({res.get('error')}); log tail:\n"
+            f"--- {res['label']} FAILED ({res.get('error')}); log tail:\n"
             + "\n".join(lines[-args.log_tail :]),
             flush=True,
         )
-    elif res.get("slots", {}).get("ok") is not False:  # the device returns few files: only
-        log_path.unlink()  # failed servers and failed slot checks keep their log
-    return res
+    elif res.get("slots", {}).get("ok") is not False:  # failed slot checks keep their log
+        srv.log_path.unlink()
 
 
-def exercise(res, srv, prompts, args, label):
-    """Greedy requests one by one and concurrently, sampled requests, optional distribution samples,
-    load-test sweep and no-slots-lost check against the running server ``srv``; results go into
-    ``res``."""
-    url = srv.url
+def check(res, srv, prompts, args):
+    """Greedy requests one by one and concurrently, sampled requests and optional distribution
+    samples against the running server ``srv``; results go into ``res``."""
+    url, label = srv.url, res["label"]
     t1 = time.time()
     res["greedy"] = [generate(url, pr, args.max_new_tokens) for pr in prompts]
     res["greedy_s"] = round(time.time() - t1, 2)
@@ -207,48 +295,59 @@ def exercise(res, srv, prompts, args, label):
                 )
             )
         res["dist_pairs"] = [o["output_ids"] for o in outs]
-    if args.sweep:  # closed-loop load test of this server (loadtests/), one JSONL per server
-        os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadtests.sweep",
-                "--base-url",
-                url,
-                "--api",
-                "generate",
-                "--prompts",
-                args.prompts or "heldout",
-                "--concurrency",
-                args.sweep,
-                "--requests-per-concurrency",
-                str(args.sweep_requests),
-                "--min-requests",
-                str(2 * args.sweep_requests),
-                "--max-new-tokens",
-                str(args.sweep_tokens),
-                "--ignore-eos",
-                "--label",
-                label,
-                "--no-progress",
-                "--output",
-                os.path.join(args.out, "sweeps", f"{label.replace('+', '_')}.jsonl"),
-            ],
-            check=True,
-        )
+
+
+def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
+    """Closed-loop load test (loadtests/), one JSONL per server under ``<out>/sweeps``; several
+    servers: one sweep with their levels interleaved."""
+    os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
+    each = []
+    for label, srv in servers:
+        each += ["--base-url", srv.url, "--label", label, "--output"]
+        each.append(os.path.join(args.out, "sweeps", f"{_slug(label)}.jsonl"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtests.sweep",
+            *each,
+            "--api",
+            "generate",
+            "--prompts",
+            args.prompts or "heldout",
+            "--concurrency",
+            args.sweep,
+            "--requests-per-concurrency",
+            str(args.sweep_requests),
+            "--min-requests",
+            str(2 * args.sweep_requests),
+            "--max-new-tokens",
+            str(args.sweep_tokens),
+            "--ignore-eos",
+            "--no-progress",
+        ],
+        check=True,
+    )
+
+
+def read_server_info(res, srv) -> None:
     try:
-        res["server_info_accept"] = kit.call(url + "/server_info")["internal_states"][0].get(
+        res["server_info_accept"] = kit.call(srv.url + "/server_info")["internal_states"][0].get(
             "avg_spec_accept_length"
         )
     except (OSError, KeyError, IndexError, TypeError) as e:
         res["server_info_accept"] = f"{type(e).__name__}"
-    if args.abort_check:  # last: it waits for an idle server and judges the log since its start
-        res["slots"] = slots.check(url, srv.log_path, prompts, args.abort_check, args.abort_tokens)
-        Path(args.out, f"slots_{label.replace('+', '_')}.json").write_text(
-            json.dumps(res["slots"], indent=1)
-        )
-        print(f"no slots lost, {label}:\n{slots.table(res['slots'])}", flush=True)
+
+
+def abort_check(res, srv, prompts, args) -> None:
+    """``--abort-check``: last, as it waits for an idle server and judges the log since its
+    start."""
+    if not args.abort_check:
+        return
+    label = res["label"]
+    res["slots"] = slots.check(srv.url, srv.log_path, prompts, args.abort_check, args.abort_tokens)
+    Path(args.out, f"slots_{_slug(label)}.json").write_text(json.dumps(res["slots"], indent=1))
+    print(f"no slots lost, {label}:\n{slots.table(res['slots'])}", flush=True)
 
 
 def agreement(outputs: list[dict], reference: list[dict] | None) -> str:
@@ -401,6 +500,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FLAG=VALUE",
         help="SGLang flag for every server, over everything else (FLAG= drops one), e.g. tp-size=2",
     )
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="keep every server up at once (ports --port + i) and run ONE load test with their "
+        "levels interleaved (loadtests.sweep, a --base-url per server): servers compared within "
+        "seconds of each other, not minutes",
+    )
+    ap.add_argument(
+        "--adaptive-config",
+        help="--speculative-adaptive-config FILE of the +adaptive servers (budget by batch size)",
+    )
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument(
         "--launcher", default=DEFAULT_LAUNCHER, help="server command prefix ({python} = this one)"
@@ -409,7 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         specs = args.servers.split(",")
         for spec in specs:
-            parse_server(spec)
+            if "adaptive" in parse_server(spec)[2] and args.adaptive_config is None:
+                raise kit.HarnessError(f"server {spec!r}: +adaptive needs --adaptive-config FILE")
+        if args.adaptive_config is not None and not os.path.isfile(args.adaptive_config):
+            raise kit.HarnessError(f"--adaptive-config {args.adaptive_config}: no such file")
+        if args.interleave and len(set(specs)) < len(specs):
+            raise kit.HarnessError(f"--interleave needs distinct servers; got {args.servers}")
         if args.abort_check < 0 or (args.abort_check and args.abort_check < slots.ABORT_EVERY):
             raise kit.HarnessError(
                 f"--abort-check {args.abort_check}: give 0 (off) or at least "
@@ -444,27 +559,45 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.prompts, args.num_prompts)
     else:
         prompts = DEFAULT_PROMPTS[: args.num_prompts]
+
+    def config(spec: str) -> ServerConfig:
+        # the slots check reads the pools from /metrics
+        metrics = {"enable-metrics": True} if args.abort_check else {}
+        extra = {**metrics, **dict(args.server_arg or [])}
+        cfg = server_config(
+            spec, args.target, args.drafter, block, args.graph_bs, extra, args.adaptive_config
+        )
+        if "stages" not in parse_server(spec)[2]:
+            return cfg
+        stage_dir = Path(args.out, "stages")
+        stage_dir.mkdir(exist_ok=True)
+        stage_file = (stage_dir / f"{_slug(spec)}.jsonl").resolve()
+        return kit.with_args(cfg, env={ENV_STAGE_TIMES: str(stage_file)})
+
+    def patch(spec: str) -> dict | None:
+        # +patched: `sglang-spec patch apply` before the server; it stays applied for later ones
+        return kit.apply_patches() if "patched" in parse_server(spec)[2] else None
+
+    def annotate(res: dict, spec: str, patch_report: dict | None) -> None:
+        if patch_report:
+            res["patch_apply"] = patch_report
+        if "stages" in parse_server(spec)[2]:
+            res["stages"] = summarize_stage_file(Path(args.out, "stages"), _slug(spec))
+
     results = []
-    with kit.sigterm_as_interrupt():  # a timed-out call stops its server (Server.__exit__)
-        for spec in specs:
+    with kit.sigterm_as_interrupt():  # a timed-out call stops its servers (Server.__exit__)
+        if args.interleave:  # every server runs at once: the patches go on before any starts
+            reports = [patch(spec) for spec in specs]
+            results = run_interleaved([(spec, config(spec)) for spec in specs], prompts, args)
+            for res, spec, report in zip(results, specs, reports, strict=True):
+                annotate(res, spec, report)
+        for spec in [] if args.interleave else specs:
             print(f"=== {spec}", flush=True)
-            # +patched stays applied for later servers
-            patch_report = kit.apply_patches() if "patched" in parse_server(spec)[2] else None
-            # the slots check reads the pools from /metrics
-            metrics = {"enable-metrics": True} if args.abort_check else {}
-            extra = {**metrics, **dict(args.server_arg or [])}
-            cfg = server_config(spec, args.target, args.drafter, block, args.graph_bs, extra)
-            stage_dir = Path(args.out, "stages")
-            if "stages" in parse_server(spec)[2]:
-                stage_dir.mkdir(exist_ok=True)
-                stage_file = (stage_dir / f"{_slug(spec)}.jsonl").resolve()
-                cfg = kit.with_args(cfg, env={ENV_STAGE_TIMES: str(stage_file)})
-            results.append(run_server(spec, cfg, prompts, args))
-            if "stages" in parse_server(spec)[2]:
-                results[-1]["stages"] = summarize_stage_file(stage_dir, _slug(spec))
-            if patch_report:
-                results[-1]["patch_apply"] = patch_report
+            report = patch(spec)
+            results.append(run_server(spec, config(spec), prompts, args))
+            annotate(results[-1], spec, report)
             Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
+    Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     summarize(results, baseline)
     print_stage_tables(results, Path(args.out, "stages"))
     if args.sweep:

@@ -209,6 +209,82 @@ def test_stages_are_refused_for_servers_without_speculative_stages(spec):
         tiny_pair.parse_server(spec)
 
 
+def test_interleave_keeps_every_server_up_and_runs_one_sweep_over_all_of_them(
+    tmp_path, monkeypatch
+):
+    """--interleave: the servers start one after another on ports --port + i with
+    --sleep-on-idle, each is checked, then one load test interleaves their levels (each server's
+    JSONL names the others), then they stop; a server that fails to start is reported and left
+    out of the sweep, the others are still measured."""
+    sweep = ("--interleave", "--sweep", "1,2", "--sweep-requests", "1", "--sweep-tokens", "4")
+    assert _main(tmp_path, monkeypatch, "ar,dflash+stages,ddtree16+graphs", *sweep) == 0
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    ports = [int(c["argv"][c["argv"].index("--port") + 1]) for c in calls]
+    assert ports == [ports[0], ports[0] + 1, ports[0] + 2]
+    assert all("--sleep-on-idle" in c["argv"] for c in calls)
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["label"] for r in results] == ["ar", "dflash+stages", "ddtree16+graphs"]
+    assert all(r["ok"] for r in results) and results[1]["stages"]["steps"] > 0
+    assert [g["meta"]["spec_verify_ct"] for g in results[2]["greedy"]] == [4, 4]
+    sweeps = tmp_path / "out" / "sweeps"
+    for name, others in [
+        ("ar", ["dflash+stages", "ddtree16+graphs"]),
+        ("dflash_stages", ["ar", "ddtree16+graphs"]),
+        ("ddtree16_graphs", ["ar", "dflash+stages"]),
+    ]:
+        levels = [json.loads(ln) for ln in (sweeps / f"{name}.jsonl").read_text().splitlines()]
+        assert [lv["max_concurrency"] for lv in levels] == [1, 2], name
+        assert all(lv["interleaved_with"] == others for lv in levels), name
+    assert len({c["pid"] for c in calls}) == 3
+
+    (tmp_path / "crash").mkdir()
+    servers = "ar,dflash,ddtree16+graphs"
+    assert _main(tmp_path / "crash", monkeypatch, servers, *sweep, FAKE_CRASH="DFLASH") == 1
+    results = json.loads((tmp_path / "crash" / "out" / "e2e.json").read_text())
+    assert [r["ok"] for r in results] == [True, False, True]
+    assert "exited with code 3" in results[1]["error"]
+    done = sorted(p.name for p in (tmp_path / "crash" / "out" / "sweeps").glob("*.jsonl"))
+    assert done == ["ar.jsonl", "ddtree16_graphs.jsonl"]
+
+
+def test_adaptive_servers_get_the_budget_by_batch_size_flags(
+    tmp_path, monkeypatch, capsys, sglang_parse
+):
+    monkeypatch.chdir(REPO)
+    config = str(REPO / "e2e" / "adaptive_budgets_tiny.json")
+    cfg = tiny_pair.server_config(
+        "ddtree63+graphs+adaptive",
+        str(PAIR / "hybrid"),
+        str(PAIR / "hybrid-dflash"),
+        block=16,
+        graph_bs=4,
+        adaptive_config=config,
+    )
+    sa = sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:])
+    assert sa.speculative_adaptive and sa.speculative_adaptive_config == config
+    plain = tiny_pair.server_config(
+        "ddtree63+graphs", str(PAIR / "hybrid"), str(PAIR / "hybrid-dflash"), 16, 4
+    )
+    assert not sglang_parse(kit.Server(plain, "/dev/null").cmd[3:]).speculative_adaptive
+    # what --interleave adds to every server is a flag SGLang takes
+    idle = kit.with_args(plain, {"sleep-on-idle": True})
+    assert sglang_parse(kit.Server(idle, "/dev/null").cmd[3:]).sleep_on_idle
+    with pytest.raises(
+        kit.HarnessError, match="\\+adaptive \\(budget by batch size\\) is DDTREE's"
+    ):
+        tiny_pair.parse_server("dflash+adaptive")
+    assert _main(tmp_path, monkeypatch, "ar,ddtree63+adaptive") == 2
+    assert "server 'ddtree63+adaptive': +adaptive needs --adaptive-config FILE" in (
+        capsys.readouterr().err
+    )
+    missing = str(tmp_path / "none.json")
+    assert _main(tmp_path, monkeypatch, "ddtree63+adaptive", "--adaptive-config", missing) == 2
+    assert f"--adaptive-config {missing}: no such file" in capsys.readouterr().err
+    assert _main(tmp_path, monkeypatch, "ar,ar", "--interleave") == 2
+    assert "--interleave needs distinct servers; got ar,ar" in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
 def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, capsys):
     assert _main(tmp_path, monkeypatch, "ar,dflash", FAKE_CRASH="DFLASH") == 1
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())

@@ -122,3 +122,32 @@ def test_the_adaptive_part_compares_with_the_fixed_ar_server_only_when_there_is_
     assert rc == 0 and ("--baseline" in argv) == compared
     if compared:
         assert argv[argv.index("--baseline") + 1] == str(fixed_e2e)
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_states(
+    tmp_path, logged
+):
+    """PARTS=interleaved: one e2e.tiny_pair --interleave run of the fixed servers and the adaptive
+    one; only the +adaptive server must log its verify states (the fixed ones never do)."""
+    mods = "+graphs+patched+replayssm"
+    e2e = [
+        {"label": "dflash+graphs", "ok": True, "log_ddtree": []},
+        {"label": f"ddtree63{mods}+adaptive", "ok": True, "log_ddtree": [STATES] if logged else []},
+    ]
+    rc, calls = run(tmp_path, e2e, PARTS="interleaved", ADAPTIVE_CONFIG="/c/costs.json")
+    assert rc == (0 if logged else 1) and len(calls) == 1
+    argv = calls[0].split()
+    assert "--interleave" in argv and "speculative-adaptive" not in argv
+    assert argv[argv.index("--servers") + 1].split(",") == [
+        "ar+graphs",
+        "dflash+graphs",
+        f"ddtree15{mods}",
+        f"ddtree63{mods}",
+        f"ddtree63{mods}+adaptive",
+    ]
+    assert argv[argv.index("--adaptive-config") + 1] == "/c/costs.json"
+    rc, calls = run(tmp_path, e2e, PARTS="interleaved", FIXED_SERVERS="dflash+graphs+stages")
+    argv = calls[-1].split()
+    assert argv[argv.index("--servers") + 1] == f"dflash+graphs+stages,ddtree63{mods}+adaptive"
+    assert argv[argv.index("--adaptive-config") + 1].endswith("e2e/adaptive_budgets_tiny.json")
