@@ -1,14 +1,12 @@
 """From a drafter block's hidden states to the DDTree: the one function both execution paths call.
 
 :func:`draft_tree` takes the drafter's final hidden states of a block ``[bonus, MASK * (B - 1)]``,
-puts rows ``1..B-1`` (the marginals ``q_1..q_L``) through the LM head (:class:`DraftHead`: this
-rank's vocabulary shard and, under tensor parallelism, the all-gather;
-:func:`~sglang_spec.tree.sharded_topk` never gathers the vocabulary), keeps the top-K of each depth
-with its log-normaliser, and builds the best-first tree of ``budget`` nodes
-(:func:`~sglang_spec.tree.build_ddtree_from_topk`). Nothing reads the device from the host on CUDA.
-
-:func:`draft_tree` puts only the depths a tree of ``budget`` nodes can reach through the head:
-rows ``1..min(budget, B-1)`` (a best-first tree of ``b`` nodes is at most ``b`` deep).
+puts rows ``1..D`` (the marginals ``q_1..q_D``; ``D = min(budget, B-1)``, the deepest a best-first
+tree of ``budget`` nodes reaches) through the LM head (:class:`DraftHead`: this rank's vocabulary
+shard and, under tensor parallelism, the all-gather; :func:`~sglang_spec.tree.sharded_topk` never
+gathers the vocabulary), keeps the top-K of each depth with its log-normaliser, and builds the
+best-first tree of ``budget`` nodes (:func:`~sglang_spec.tree.build_ddtree_from_topk`). Nothing
+reads the device from the host on CUDA.
 
 With CUDA graphs the drafter's graph ends in :class:`StagedDraftBlock` (SGLang's draft-sampler
 contract: called with the graph's hidden states and input ids, the bonus token at block position
