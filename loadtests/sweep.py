@@ -769,13 +769,13 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
 
 
 def run(args: argparse.Namespace) -> int:
-    urls = _base_urls(args)
-    for url in urls:
-        reason = check_base_url(url, args.allow_remote)
+    for given in args.base_url or []:  # as given: the error names the value the user typed
+        reason = check_base_url(given, args.allow_remote)
         if reason:
-            return usage_error(PROG, "--base-url", url, reason)
+            return usage_error(PROG, "--base-url", given, reason)
+    urls = _base_urls(args)
     if len(set(urls)) < len(urls):
-        return usage_error(PROG, "--base-url", " ".join(urls), "each server once")
+        return usage_error(PROG, "--base-url", " ".join(args.base_url), "each server once")
     for flag, given in (("--label", args.label), ("--output", args.output)):
         if given is not None and len(given) != len(urls):
             return usage_error(
