@@ -8,8 +8,8 @@ On the 27B target's shapes (hidden 5120, vocabulary 248320, drafter block 16, bf
 random weights) it builds what DDTREE's ``_maybe_build_draft_sampler`` hands SGLang,
 :class:`sglang_spec.tree.DraftTreeGraphs` -- the staging copy the drafter's graph ends in, and one
 graph per (budget, batch size) running :func:`sglang_spec.tree.draft_tree` at that budget -- for
-the 27B adaptive server's candidates {7, 13, 31} (K per depth: each budget's exact K, 7 / 13 / 17,
-as ``DDTreeConfig.for_budget`` gives), on one rank and on two simulated ranks (a capturable
+the 27B adaptive server's candidates {7, 13, 31} and the chain budget 15 (K per depth: each
+budget's exact K, 7 / 13 / 1 / 17, as ``DDTreeConfig.for_budget`` gives), on one rank and on two simulated ranks (a capturable
 all-gather that makes up the second rank's shard from this one's, so the packed all-gather and
 the TP merge run inside the graphs), captured for batch sizes 1, 8 and 16:
 
@@ -53,7 +53,7 @@ from sglang_spec.tree.head import head_depths
 from sglang_spec.tree.topk import gathered_shape
 
 HIDDEN, VOCAB, BLOCK, TEMPERATURE = 5120, 248320, 16, 0.75
-BUDGETS, GRAPH_BS, CHECK_BS, ITERS = (7, 13, 31), (1, 8, 16), (1, 5, 8, 16), 20
+BUDGETS, GRAPH_BS, CHECK_BS, ITERS = (7, 13, 15, 31), (1, 8, 16), (1, 5, 8, 16), 20
 HORIZON = BLOCK - 1
 TREE_FIELDS = ("tokens", "parents", "depths", "scores", "num_nodes")
 

@@ -196,8 +196,8 @@ def test_sharded_topk_through_static_all_gathers_merges_to_the_full_vocabulary()
 
 def _top_logits_cases():
     """(logits [R, V], k, temperature, tile width): tiles of fewer than k columns, a partial last
-    tile, exact ties across tiles, -inf tokens and a row of them, bf16 logits, and rows of more
-    tiles than k (where the tiles below the k-th largest tile max are skipped)."""
+    tile, exact ties across tiles, -inf tokens and a row of them, bf16 logits, rows of more tiles
+    than k (where the tiles below the k-th largest tile max are skipped), and k = 1."""
     g = torch.Generator().manual_seed(7)
     ties = torch.randint(-2, 2, (4, 37), generator=g).float()
     ties[1] = 0.25  # one value everywhere: the lowest ids win, across every tile
@@ -218,6 +218,11 @@ def _top_logits_cases():
         (torch.randn(3, 1000, generator=g) * 4, 7, 1.0, 16),
         (torch.randint(-2, 2, (3, 300), generator=g).float(), 5, 1.0, 8),  # ties at that floor
         ((torch.randn(2, 2000, generator=g) * 3).to(torch.bfloat16), 17, 0.75, 32),
+        # k = 1: a chain budget's head (budget = L: exact_topk 1), one tile or many, and ties
+        (torch.randn(4, 300, generator=g) * 4, 1, 0.75, 16),
+        (ties, 1, 1.0, 8),
+        (neginf, 1, 1.0, 4096),
+        ((torch.randn(2, 700, generator=g) * 3).to(torch.bfloat16), 1, 1e-8, 64),
     ]
 
 
