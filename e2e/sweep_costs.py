@@ -9,7 +9,8 @@ step at that budget and concurrency::
 
 (prefill and scheduling included: what a step costs while serving C streams). A concurrency swept
 more than once (``--sweep 1,2,1,2``, as ``loadtests.compare`` reads repeats) costs the median of its
-levels. Files of servers other than DDTREE are skipped; two files for one budget, or a level
+levels. Files of servers other than fixed DDTREE are skipped (an ``+adaptive`` server of an
+interleaved run, ``h200_adaptive.sh PARTS=interleaved``, mixes budgets); two files for one budget, or a level
 without an accept length, a successful request or a throughput, are refused with one line. Prints the table and writes it in
 ``docs/adaptive-budget.md``'s format (``--write-config``).
 """
@@ -39,8 +40,8 @@ def level_costs(path: str) -> tuple[int, dict[int, float]] | None:
     labels = {r["label"] for r in levels}
     if len(labels) != 1:
         raise ValueError(f"{path}: levels of several servers {sorted(labels)}; valid: one server")
-    algorithm, budget, _mods = parse_server(labels.pop())
-    if algorithm != "ddtree":
+    algorithm, budget, mods = parse_server(labels.pop())
+    if algorithm != "ddtree" or "adaptive" in mods:  # an adaptive server's steps mix budgets
         return None
     repeats: dict[int, list[float]] = {}
     for r in levels:

@@ -27,8 +27,10 @@ def test_levels_become_ms_per_step_and_a_config_the_server_loads(tmp_path, capsy
     d63 = _sweep(tmp_path / "a.jsonl", "ddtree63+graphs", [(1, 7.0, 500.0), (8, 6.0, 1600.0)])
     d15 = _sweep(tmp_path / "b.jsonl", "ddtree15+graphs+patched", [(1, 5.0, 500.0)])
     ar = _sweep(tmp_path / "c.jsonl", "ar+graphs", [(1, 1.0, 300.0)])  # skipped
+    # the adaptive server of an interleaved run (its steps mix budgets): skipped too
+    adaptive = _sweep(tmp_path / "d.jsonl", "ddtree63+graphs+adaptive", [(1, 9.0, 100.0)])
     out = tmp_path / "cfg.json"
-    assert sweep_costs.main([d63, d15, ar, "--write-config", str(out)]) == 0
+    assert sweep_costs.main([d63, d15, ar, adaptive, "--write-config", str(out)]) == 0
     cfg = json.loads(out.read_text())
     # 1000 x C x accept / tokens per second
     assert cfg == {"cost_ms": {"1": {"15": 10.0, "63": 14.0}, "8": {"63": 30.0}}}
