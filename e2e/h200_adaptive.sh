@@ -21,7 +21,8 @@
 #            checks per server, then one load test whose levels alternate between the servers, so
 #            the 5 % comparisons of issue 15's tiny bar are made within seconds, not across calls
 #            (session 25: one server's level moved by up to 1.4x between passes); exits 1 unless
-#            the adaptive server's log shows its per-width verify states. INTERLEAVED_LIMIT_S (560).
+#            the adaptive server's log shows its per-width verify states; then prints issue 15's
+#            tiny-bar verdict (python -m e2e.tiny_bar). INTERLEAVED_LIMIT_S (560).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
 # calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
@@ -103,5 +104,7 @@ if [[ " $PARTS " == *" interleaved "* ]]; then
   [ $status -eq 0 ] || rc=1
   verify_states "$OUT/interleaved/e2e.json" || { echo "interleaved: no verify-states log line"; rc=1; }
   tail -n 40 "$OUT/interleaved.log"
+  # issue 15's tiny bar from this run's interleaved levels (a measurement: it does not set rc)
+  "$SGLANG_KIT_PYTHON" -m e2e.tiny_bar "$OUT/interleaved/sweeps" --json "$OUT/interleaved/tiny_bar.json"
 fi
 exit $rc

@@ -136,7 +136,8 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
         {"label": f"ddtree63{mods}+adaptive", "ok": True, "log_ddtree": [STATES] if logged else []},
     ]
     rc, calls = run(tmp_path, e2e, PARTS="interleaved", ADAPTIVE_CONFIG="/c/costs.json")
-    assert rc == (0 if logged else 1) and len(calls) == 1
+    assert rc == (0 if logged else 1) and len(calls) == 2
+    assert calls[1].split()[:3] == ["-m", "e2e.tiny_bar", str(tmp_path / "out/interleaved/sweeps")]
     argv = calls[0].split()
     assert "--interleave" in argv and "speculative-adaptive" not in argv
     assert argv[argv.index("--servers") + 1].split(",") == [
@@ -148,6 +149,6 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
     ]
     assert argv[argv.index("--adaptive-config") + 1] == "/c/costs.json"
     rc, calls = run(tmp_path, e2e, PARTS="interleaved", FIXED_SERVERS="dflash+graphs+stages")
-    argv = calls[-1].split()
+    argv = calls[-2].split()
     assert argv[argv.index("--servers") + 1] == f"dflash+graphs+stages,ddtree63{mods}+adaptive"
     assert argv[argv.index("--adaptive-config") + 1].endswith("e2e/adaptive_budgets_tiny.json")

@@ -1,0 +1,70 @@
+"""e2e.tiny_bar: issue 15's tiny-pair load-sweep verdict from one run's sweep files (CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e import tiny_bar
+
+ADAPTIVE = "ddtree63+graphs+adaptive"
+
+
+def _write(folder: Path, label: str, levels: list[tuple[int, float]]) -> None:
+    rows = [{"label": label, "max_concurrency": c, "output_throughput": t} for c, t in levels]
+    name = label.replace("+", "_") + ".jsonl"
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run(tmp_path, adaptive: list[tuple[int, float]]) -> Path:
+    """Two passes of C = 1 and 2 (pass 2 of everything 1.5x slower: a drifting machine)."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    _write(d, "ar+graphs", [(1, 400), (2, 800), (1, 267), (2, 533)])
+    _write(d, "dflash+graphs", [(1, 1000), (2, 2000), (1, 667), (2, 1333)])
+    _write(d, "ddtree15+graphs", [(1, 900), (2, 2300), (1, 600), (2, 1533)])
+    _write(d, "ddtree63+graphs", [(1, 1200), (2, 2100), (1, 800), (2, 1400)])
+    _write(d, ADAPTIVE, adaptive)
+    return d
+
+
+def test_ratios_are_taken_within_a_pass_and_the_verdict_reads_their_median(tmp_path, capsys):
+    # adaptive: C = 1 at 1.0x the best fixed (63) in both passes; C = 2 at 0.96x (15 is best)
+    d = _run(tmp_path, [(1, 1200), (2, 2208), (1, 800), (2, 1472)])
+    out = tmp_path / "bar.json"
+    assert tiny_bar.main([str(d), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["concurrency"] for r in rows] == [1, 2] and rows[0]["passes"] == 2
+    c1 = rows[0]["adaptive_over"]
+    assert c1["best_fixed"]["median"] == pytest.approx(1.0)
+    assert c1["dflash"]["median"] == pytest.approx(1.2, abs=1e-3)
+    assert c1["ar"]["low"] == pytest.approx(2.996, abs=1e-3)  # pass 2: 800 / 267
+    assert rows[1]["adaptive_over"]["best_fixed"]["median"] == pytest.approx(0.96, abs=1e-3)
+    assert rows[0]["tokens_per_s"]["ddtree63+graphs"] == 1000.0  # median of 1200 and 800
+    text = capsys.readouterr().out
+    # AR, DFLASH, the fixed budgets, adaptive: medians of the passes
+    assert "| 2 | 2 | 666 | 1666 | 1916 | 1750 | 1840 | 1.104 (1.10-1.10) |" in text
+    assert "issue 15 tiny bar: met at every C" in text
+
+
+def test_a_miss_is_named_with_its_concurrency(tmp_path, capsys):
+    # C = 1: below DFLASH in both passes; C = 2: 0.9x the best fixed
+    d = _run(tmp_path, [(1, 950), (2, 2070), (1, 600), (2, 1380)])
+    assert tiny_bar.main([str(d)]) == 1
+    text = capsys.readouterr().out
+    assert "issue 15 tiny bar: missed at C = 1, 2" in text
+    assert "0.925 (0.90-0.95) **miss**" in text  # C = 1 over DFLASH: 950/1000, 600/667
+
+
+def test_a_run_without_every_role_is_refused_in_one_line(tmp_path, capsys):
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    _write(d, "dflash+graphs", [(1, 1000)])
+    _write(d, ADAPTIVE, [(1, 1000)])
+    assert tiny_bar.main([str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "the bar needs one AR, one DFLASH, one +adaptive DDTREE and at least one fixed" in err
+    assert tiny_bar.main([str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
