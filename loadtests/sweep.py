@@ -135,6 +135,25 @@ class SweepConfig:
     progress: bool = True
     prompt_template: str = "{prompt}"
 
+    def request(self, prompt: str, max_new_tokens: int | None = None) -> RequestSpec:
+        """One request of this sweep for ``prompt`` (``max_new_tokens``: the warm-up's shorter
+        ones)."""
+        return RequestSpec(
+            api=self.api,
+            base_url=self.base_url,
+            prompt=self.prompt_template.format(prompt=prompt),
+            max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            ignore_eos=self.ignore_eos,
+            stream=self.stream,
+            model=self.model or "default",
+            chat_template_kwargs=self.chat_template_kwargs,
+            extra_body=self.extra_body,
+            timeout=self.request_timeout,
+            keep_text=self.keep_text,
+        )
+
     def level_target(self, c: int) -> int | None:
         if self.duration:
             return None
@@ -492,23 +511,6 @@ async def run_level(
     bar = _progress_bar(target, f"C={c}", cfg.progress)
     out_tokens = [0]
 
-    def make_spec(prompt: str) -> RequestSpec:
-        return RequestSpec(
-            api=cfg.api,
-            base_url=cfg.base_url,
-            prompt=cfg.prompt_template.format(prompt=prompt),
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            ignore_eos=cfg.ignore_eos,
-            stream=cfg.stream,
-            model=cfg.model or "default",
-            chat_template_kwargs=cfg.chat_template_kwargs,
-            extra_body=cfg.extra_body,
-            timeout=cfg.request_timeout,
-            keep_text=cfg.keep_text,
-        )
-
     async def worker():
         while not stop.is_set():  # bounded: request count or issue deadline
             if target is not None and state["issued"] >= target:
@@ -518,7 +520,7 @@ async def run_level(
             i = state["issued"]
             state["issued"] += 1
             p_idx = i % len(prompts)
-            task = asyncio.ensure_future(send_request(session, make_spec(prompts[p_idx])))
+            task = asyncio.ensure_future(send_request(session, cfg.request(prompts[p_idx])))
             inflight.add(task)
             try:
                 r = await task
@@ -608,18 +610,7 @@ async def _warm_up(s, cfg: SweepConfig, prompts: list[str], stop: asyncio.Event)
     for i in range(cfg.warmup):
         if stop.is_set():
             break
-        spec = RequestSpec(
-            api=cfg.api,
-            base_url=cfg.base_url,
-            prompt=cfg.prompt_template.format(prompt=prompts[i % len(prompts)]),
-            max_new_tokens=min(cfg.max_new_tokens, 32),
-            temperature=cfg.temperature,
-            stream=cfg.stream,
-            model=cfg.model or "default",
-            chat_template_kwargs=cfg.chat_template_kwargs,
-            extra_body=cfg.extra_body,
-            timeout=cfg.request_timeout,
-        )
+        spec = cfg.request(prompts[i % len(prompts)], max_new_tokens=min(cfg.max_new_tokens, 32))
         r = await send_request(s, spec)
         if not r.success:
             print(f"[sweep] warmup request failed: {r.error}", file=sys.stderr)
