@@ -195,6 +195,9 @@ def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> l
     results, running = [], []
     with contextlib.ExitStack() as stack:
         for i, (label, cfg) in enumerate(servers):
+            print(
+                f"=== {label} (port {args.port + i}, kept up for the interleaved sweep)", flush=True
+            )
             srv = _server(label, kit.with_args(cfg, {"sleep-on-idle": True}), args, args.port + i)
             res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
             results.append(res)
