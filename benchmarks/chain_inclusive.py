@@ -117,17 +117,22 @@ def measure(args) -> list[dict]:
                 ]
             if run["method"] == "ar":
                 ar_tokens = [r.tokens for r in results]
-            row = dict(
-                pair=pair,
-                **run,
-                completion_tokens=[len(r.tokens) for r in results],
-                verify_steps=[len(r.steps) for r in results],
-                identical_to_ar=[r.tokens == a for r, a in zip(results, ar_tokens)],
-                seconds=time.perf_counter() - t0,
-            )
+            row = result_row(results, ar_tokens, time.perf_counter() - t0, pair=pair, **run)
             rows.append(row)
             print(f"{label(row)}: {tau_of(row):.3f} tokens/step", file=sys.stderr, flush=True)
     return rows
+
+
+def result_row(results: list, ar_tokens: list, seconds: float, **fields) -> dict:
+    """One run's record: ``fields`` and, per prompt, the tokens, verify steps and whether they
+    equal AR's (what :func:`tau_of` reads)."""
+    return dict(
+        **fields,
+        completion_tokens=[len(r.tokens) for r in results],
+        verify_steps=[len(r.steps) for r in results],
+        identical_to_ar=[r.tokens == a for r, a in zip(results, ar_tokens)],
+        seconds=seconds,
+    )
 
 
 def tau_of(row: dict, prompt: int | None = None) -> float:

@@ -21,7 +21,7 @@ import sys
 import time
 
 from benchmarks.acceptance import check_pairs_budgets_lengths, reference_main
-from benchmarks.chain_inclusive import tau_of
+from benchmarks.chain_inclusive import result_row, tau_of
 from sglang_spec.reference.tiny_pair import FIXTURES, PROMPT_SETS
 
 
@@ -99,16 +99,15 @@ def measure(args) -> list[dict]:
                 for method, budget in [("dflash", 0)] + [("ddtree", b) for b in args.budgets]:
                     t0 = time.perf_counter()
                     results = decode(loaded, inputs, args, method, budget or 1, block)
-                    row = dict(
+                    row = result_row(
+                        results,
+                        ar,
+                        time.perf_counter() - t0,
                         pair=pair,
                         prompt_set=prompt_set,
                         block=block,
                         method=method,
                         budget=budget,
-                        completion_tokens=[len(r.tokens) for r in results],
-                        verify_steps=[len(r.steps) for r in results],
-                        identical_to_ar=[r.tokens == a for r, a in zip(results, ar)],
-                        seconds=time.perf_counter() - t0,
                     )
                     rows.append(row)
                     name = method if method == "dflash" else f"ddtree({budget})"
