@@ -665,47 +665,27 @@ class Run:
         }
 
     def trace_level(self, spec: ServerSpec, url: str, c: int, steps: int) -> dict | None:
-        """``/start_profile`` by stage (prefill, then ``steps`` decode batches), one level of C
-        requests, then the decode trace read and summarised into ``profiles/<slug>-C<c>.json``."""
+        """A decode trace (:func:`e2e.trace.record_decode_trace`) of one level of C requests,
+        summarised into ``profiles/<slug>-C<c>.json``."""
         from e2e import trace
 
-        folder = (self.out / "profiles" / f"{spec.slug}-C{c}").resolve()
-        folder.mkdir(parents=True, exist_ok=True)
-        kit.call(
-            url + "/start_profile",
-            {
-                "output_dir": str(folder),
-                "num_steps": steps,
-                "activities": ["CPU", "GPU"],
-                "profile_by_stage": True,
-                "with_stack": False,
-                "record_shapes": False,
-                "profile_prefix": spec.slug,
-            },
-            timeout=60,
+        def level() -> None:
+            flush(url)
+            ids = prompts(c, ("profile", c), self.args.prompt_len)
+            generate(url, ids, self.args.new_tokens, self.remaining() - self.args.reserve)
+
+        summary = trace.record_decode_trace(
+            url,
+            self.out / "profiles" / f"{spec.slug}-C{c}",
+            spec.slug,
+            steps,
+            level,
+            meta={"server": spec.label, "concurrency": c},
+            wait_s=min(120.0, max(self.remaining() - self.args.reserve, 5)),
+            keep=self.args.keep_traces,
         )
-        flush(url)
-        ids = prompts(c, ("profile", c), self.args.prompt_len)
-        generate(url, ids, self.args.new_tokens, self.remaining() - self.args.reserve)
-        deadline = time.monotonic() + min(120.0, max(self.remaining() - self.args.reserve, 5))
-        events = path = None
-        while events is None and time.monotonic() < deadline:  # the export can lag the requests
-            for path in sorted(folder.glob("*DECODE*.trace.json*")):
-                try:
-                    events = trace.load_events(path)
-                except (OSError, EOFError, ValueError):  # still being written
-                    events = None
-            time.sleep(1.0)
-        if events is None:
-            return None
-        # 40 kernels: a step's gap can sit below the top 15 (session 23's C = 16 traces)
-        summary = trace.summarize(events, steps, top=40)
-        summary.update(server=spec.label, concurrency=c, trace=path.name)
-        (folder.parent / f"{spec.slug}-C{c}.json").write_text(json.dumps(summary, indent=1))
-        for f in folder.iterdir():
-            if not (self.args.keep_traces and f == path):
-                f.unlink()
-        print(trace.markdown(summary), flush=True)
+        if summary is not None:
+            print(trace.markdown(summary), flush=True)
         return summary
 
 

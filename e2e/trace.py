@@ -24,6 +24,19 @@ worker (``user_annotation`` events: ``scheduler.run_batch``, ``scheduler.process
 ``step[DRAFT bs=16]``, ...), each with its spans per step and median milliseconds. A launch-bound
 step (the tiny pair's) is as long as its host's run_batch; a GPU-bound one waits for the GPU in
 process_batch_result.
+
+What a launch-bound step's host does inside ``scheduler.run_batch`` (``host_time``), median over the
+run_batch spans with the most common number of CUDA-graph launches (the others, e.g. the span the
+profiler's stop synchronises in, are not decode steps like the rest):
+
+* ``segments``: the span cut at its CUDA-graph launches (a DDTREE step: the drafter's graph, the
+  draft tree's, the target verify's), each piece's host ms and the eager launches in it, and each
+  graph launch's own host ms. Only spans with the most common number of graph launches count, so
+  the pieces line up: "after the last graph launch" of a DDTREE step is its walk and commit.
+* ``ops``: the outermost host operators (``aten::index``, ...) inside the spans, summed by name
+  (ms and calls per span); ``launch_calls_ms``: CUDA runtime / driver calls outside every operator
+  (Triton kernels launched from Python, graph launches); ``python_ms``: the rest of the span, the
+  framework's own Python.
 """
 
 from __future__ import annotations
@@ -34,7 +47,9 @@ import gzip
 import json
 import statistics
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -171,6 +186,7 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
         ],
         "graphs": _graphs(replays, steps),
         "host_spans": _host_spans(events, steps),
+        "host_time": host_time(events, top=top),
     }
 
 
@@ -185,6 +201,122 @@ def _host_spans(events: list[dict], steps: int) -> list[dict]:
         {"name": name, "per_step": len(ms) / steps, "median_ms": statistics.median(ms)}
         for name, ms in spans.items()
     ]
+
+
+RUN_BATCH = "scheduler.run_batch"
+CUDA_CALLS = ("cuda_runtime", "cuda_driver")
+LAUNCHES = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def host_time(events: list[dict], top: int = 15) -> dict | None:
+    """Where the host's time goes inside SGLang's ``scheduler.run_batch`` spans (module
+    docstring), or None for a trace without them."""
+    spans = [
+        e
+        for e in events
+        if e.get("cat") == "user_annotation" and e.get("name") == RUN_BATCH and "dur" in e
+    ]
+    if not spans or any("ts" not in e for e in spans):
+        return None
+    threads = {(e.get("pid"), e.get("tid")) for e in spans}
+    calls = sorted(
+        (e for e in events if e.get("cat") in CUDA_CALLS and "ts" in e and _on(e, threads)),
+        key=lambda e: float(e["ts"]),
+    )
+    outer = _outermost_ops([e for e in events if _on(e, threads)])
+    per_span = [_span_host_time(span, calls, outer) for span in spans]
+    modal = statistics.mode(len(p["graph_ms"]) for p in per_span)
+    same = [p for p in per_span if len(p["graph_ms"]) == modal]
+    segments = []
+    for i in range(modal + 1):
+        where = "before the first graph launch" if i == 0 else f"after graph launch {i}"
+        if i == modal and modal:
+            where = "after the last graph launch"
+        segments.append(
+            {
+                "segment": where if modal else "the whole span (no graph launch)",
+                "median_ms": statistics.median(p["segment_ms"][i] for p in same),
+                "launches": statistics.median(p["segment_launches"][i] for p in same),
+            }
+        )
+        if i < modal:
+            segments.append(
+                {
+                    "segment": f"graph launch {i + 1}",
+                    "median_ms": statistics.median(p["graph_ms"][i] for p in same),
+                    "launches": 1,
+                }
+            )
+    n = len(same)
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for p in same:
+        for name, (ms, count) in p["ops"].items():
+            ops[name][0] += ms
+            ops[name][1] += count
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])
+    return {
+        "spans": len(spans),
+        "spans_used": n,
+        "median_ms": statistics.median(p["ms"] for p in same),
+        "segments": segments,
+        "ops_ms": statistics.median(p["ops_ms"] for p in same),
+        "launch_calls_ms": statistics.median(p["loose_ms"] for p in same),
+        "python_ms": statistics.median(p["python_ms"] for p in same),
+        "ops": [
+            {"op": name, "ms_per_span": ms / n, "calls_per_span": count / n}
+            for name, (ms, count) in ranked[:top]
+        ],
+    }
+
+
+def _on(e: dict, threads: set) -> bool:
+    return (e.get("pid"), e.get("tid")) in threads
+
+
+def _span_host_time(span: dict, calls: list[dict], outer: dict) -> dict:
+    """One run_batch span: its pieces between graph launches, its outermost operators by name,
+    the CUDA calls outside them and the rest."""
+    t0 = float(span["ts"])
+    t1 = t0 + float(span["dur"])
+    thread = (span.get("pid"), span.get("tid"))
+    inside = [c for c in calls if t0 <= float(c["ts"]) <= t1 and _on(c, {thread})]
+    segment_ms, segment_launches, graph_ms = [], [], []
+    start, launches = t0, 0
+    for c in inside:
+        if c.get("name") in GRAPH_LAUNCHES:
+            segment_ms.append((float(c["ts"]) - start) / 1000.0)
+            segment_launches.append(launches)
+            graph_ms.append(float(c.get("dur", 0.0)) / 1000.0)
+            start, launches = float(c["ts"]) + float(c.get("dur", 0.0)), 0
+        elif c.get("name") in LAUNCHES:
+            launches += 1
+    segment_ms.append((t1 - start) / 1000.0)
+    segment_launches.append(launches)
+    starts, ops = outer.get(thread, ([], []))
+    lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
+    by_name: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    ops_us = 0.0
+    for begin, end, name in ops[lo:hi]:
+        us = min(end, t1) - begin
+        by_name[name][0] += us / 1000.0
+        by_name[name][1] += 1
+        ops_us += us
+    loose_us = 0.0
+    for c in inside:
+        t = float(c["ts"])
+        i = bisect.bisect_right(starts, t) - 1
+        if not (i >= 0 and ops[i][0] <= t <= ops[i][1]):
+            loose_us += float(c.get("dur", 0.0))
+    return {
+        "ms": (t1 - t0) / 1000.0,
+        "segment_ms": segment_ms,
+        "segment_launches": segment_launches,
+        "graph_ms": graph_ms,
+        "ops": by_name,
+        "ops_ms": ops_us / 1000.0,
+        "loose_ms": loose_us / 1000.0,
+        "python_ms": (t1 - t0 - ops_us - loose_us) / 1000.0,
+    }
 
 
 def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
@@ -273,7 +405,90 @@ def markdown(summary: dict) -> str:
         host.append(f"| `{_short(h['name'])}` | {h['per_step']:.1f} | {h['median_ms']:.3f} |")
     tables = [[head], rows] + ([graphs] if len(graphs) > 2 else []) + [sites]
     tables += [host] if len(host) > 2 else []
+    tables += _host_time_tables(s.get("host_time"))  # summaries before session 27 lack it
     return "\n\n".join("\n".join(t) for t in tables)
+
+
+def _host_time_tables(h: dict | None) -> list[list[str]]:
+    if not h:
+        return []
+    head = (
+        f"Host time inside `{RUN_BATCH}`, {h['spans_used']} of its {h['spans']} spans (those with "
+        f"the usual number of graph launches), medians: {h['median_ms']:.3f} ms a span = host "
+        f"operators {h['ops_ms']:.3f} + CUDA calls outside them {h['launch_calls_ms']:.3f} + the "
+        f"rest (Python) {h['python_ms']:.3f} ms"
+    )
+    segments = [
+        "| piece of the span | median host ms | eager launches |",
+        "|---|---|---|",
+    ]
+    for seg in h["segments"]:
+        segments.append(f"| {seg['segment']} | {seg['median_ms']:.3f} | {seg['launches']:g} |")
+    ops = ["| host operator | ms per span | calls per span |", "|---|---|---|"]
+    for op in h["ops"]:
+        ops.append(
+            f"| `{_short(op['op'])}` | {op['ms_per_span']:.3f} | {op['calls_per_span']:.1f} |"
+        )
+    return [[head], segments, ops]
+
+
+def record_decode_trace(
+    url: str,
+    folder: Path,
+    prefix: str,
+    steps: int,
+    run: Callable[[], object],
+    *,
+    meta: dict | None = None,
+    wait_s: float = 120.0,
+    keep: bool = False,
+    top: int = 40,
+) -> dict | None:
+    """A torch-profiler trace of ``steps`` decode batches of the server at ``url``: SGLang's
+    ``/start_profile`` by stage into ``folder`` (files named ``prefix``...), then ``run()`` (the
+    requests to trace), then, once the DECODE trace is written (the export can lag the requests; at
+    most ``wait_s`` seconds), its :func:`summarize` (``top`` kernels: a step's gap can sit below the
+    top 15, session 23) with ``meta`` (e.g. the server and concurrency) written to
+    ``<folder>.json`` and returned; None when no complete trace came.
+    The folder's files are deleted afterwards, the trace itself kept with ``keep``. The server
+    starts the decode trace at its first batch of at least ``SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS``
+    requests (an environment variable of the server)."""
+    from e2e import kit
+
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    kit.call(
+        url + "/start_profile",
+        {
+            "output_dir": str(folder),
+            "num_steps": steps,
+            "activities": ["CPU", "GPU"],
+            "profile_by_stage": True,
+            "with_stack": False,
+            "record_shapes": False,
+            "profile_prefix": prefix,
+        },
+        timeout=60,
+    )
+    run()
+    deadline = time.monotonic() + wait_s
+    events = path = None
+    while events is None and time.monotonic() < deadline:
+        for path in sorted(folder.glob("*DECODE*.trace.json*")):
+            try:
+                events = load_events(path)
+            except (OSError, EOFError, ValueError):  # still being written
+                events = None
+        if events is None:
+            time.sleep(1.0)
+    if events is None:
+        return None
+    summary = {**summarize(events, steps, top=top), **(meta or {}), "trace": path.name}
+    Path(f"{folder}.json").write_text(json.dumps(summary, indent=1))
+    for f in folder.iterdir():
+        if not (keep and f == path):
+            f.unlink()
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -269,6 +269,67 @@ def test_trace_reports_sglangs_host_spans_per_step():
     assert "host span" not in trace.markdown(trace.summarize(_events(2, 20.0, 2.0), steps=2))
 
 
+def _host_step(t0, *, graphs, tid=1):
+    """One ``scheduler.run_batch`` span at ``t0`` µs of 1000 µs on thread ``tid``: an
+    ``aten::index`` (100 µs, with a nested ``aten::copy_`` and one kernel launch of 5 µs inside),
+    then per graph a 20 µs graph launch followed by an ``aten::add`` (60 µs, one launch of 5 µs),
+    then a Triton launch outside every operator (30 µs); a 2 µs event query before the graphs."""
+
+    def x(cat, name, ts, dur, corr=None):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": t0 + ts, "dur": dur, "pid": 0, "tid": tid}
+        return e if corr is None else {**e, "args": {"correlation": corr}}
+
+    ev = [
+        x("user_annotation", "scheduler.run_batch", 0, 1000),
+        x("cpu_op", "aten::index", 10, 100),
+        x("cpu_op", "aten::copy_", 20, 30),
+        x("cuda_runtime", "cudaLaunchKernel", 25, 5, corr=1),
+        x("cuda_runtime", "cudaEventQuery", 150, 2),  # a CUDA call, not a launch
+    ]
+    t = 200
+    for _ in range(graphs):
+        ev += [
+            x("cuda_runtime", "cudaGraphLaunch", t, 20, corr=2),
+            x("cpu_op", "aten::add", t + 40, 60),
+            x("cuda_runtime", "cudaLaunchKernel", t + 50, 5, corr=3),
+        ]
+        t += 200
+    ev.append(x("cuda_driver", "cuLaunchKernelEx", 900, 30, corr=4))
+    return ev
+
+
+def test_host_time_cuts_run_batch_at_its_graph_launches_and_sums_its_operators():
+    """host_time: over the run_batch spans with the usual number of graph launches (a span with
+    another count is left out), the pieces between graph launches with their eager launches, each
+    graph launch's host ms, the outermost operators by name (nested ones not again), the CUDA calls
+    outside operators, and the rest."""
+    ev = _host_step(0, graphs=2) + _host_step(5000, graphs=2) + _host_step(10000, graphs=0)
+    ev += _host_step(0, graphs=1, tid=7)  # another thread's spans are its own
+    h = trace.host_time(ev)
+    assert (h["spans"], h["spans_used"]) == (4, 2)
+    assert [(x["segment"], x["median_ms"], x["launches"]) for x in h["segments"]] == [
+        ("before the first graph launch", pytest.approx(0.2), 1),
+        ("graph launch 1", pytest.approx(0.02), 1),
+        ("after graph launch 1", pytest.approx(0.18), 1),
+        ("graph launch 2", pytest.approx(0.02), 1),
+        ("after the last graph launch", pytest.approx(0.58), 2),
+    ]
+    assert h["ops"] == [
+        {"op": "aten::add", "ms_per_span": pytest.approx(0.12), "calls_per_span": 2.0},
+        {"op": "aten::index", "ms_per_span": pytest.approx(0.1), "calls_per_span": 1.0},
+    ]
+    assert h["ops_ms"] == pytest.approx(0.22)
+    assert h["launch_calls_ms"] == pytest.approx(0.072)  # the graph and Triton launches, the query
+    assert h["python_ms"] == pytest.approx(1.0 - 0.22 - 0.072)
+    md = trace.markdown(trace.summarize(ev, steps=2))
+    assert "| after the last graph launch | 0.580 | 2 |" in md
+    assert "| `aten::add` | 0.120 | 2.0 |" in md
+    assert (
+        "= host operators 0.220 + CUDA calls outside them 0.072 + the rest (Python) 0.708 ms" in md
+    )
+    assert trace.host_time(_events(2, 20.0, 2.0)) is None
+
+
 def test_trace_cli(tmp_path, capsys):
     import gzip
 
