@@ -247,6 +247,17 @@ def with_args(cfg: ServerConfig, *layers: dict, env: dict | None = None) -> Serv
     return dataclasses.replace(cfg, args=args, env={**cfg.env, **(env or {})})
 
 
+def concurrency_list(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``, an argparse type (a one-line error for anything else)."""
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: valid: positive integers, e.g. 1,2,4")
+    return levels
+
+
 def drafter_block_size(drafter_dir: str | Path) -> int:
     """``block_size`` of a DFlash drafter directory (top level or in ``dflash_config``)."""
     cfg = json.loads((Path(drafter_dir) / "config.json").read_text())

@@ -300,16 +300,6 @@ def _profile_levels(text: str, value: str | None) -> tuple[int, ...]:
     return levels
 
 
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        levels = ()
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"--levels {text!r}: valid: positive integers, e.g. 1,2,4")
-    return levels
-
-
 def _positive(kind: type):
     def parse(text: str):
         try:
@@ -795,7 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", required=True, help="run directory (scale.json, run.json, logs/)")
     ap.add_argument("--resume", nargs="*", help="results JSON files whose levels are not re-run")
-    ap.add_argument("--levels", type=_levels, default=LEVELS, help="concurrencies, e.g. 1,2,4")
+    ap.add_argument(
+        "--levels", type=kit.concurrency_list, default=LEVELS, help="concurrencies, e.g. 1,2,4"
+    )
     ap.add_argument("--prompt-len", type=_positive(int), default=512)
     ap.add_argument("--new-tokens", type=_positive(int), default=128)
     ap.add_argument("--repeats", type=_positive(int), default=1, help="runs per level (median)")

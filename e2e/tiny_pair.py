@@ -11,8 +11,13 @@ apply`` on SGLang first; stays applied for later servers), ``+replayssm``
 ``dflash`` and ``ddtree`` servers, ``+stages`` (``SGLANG_DDTREE_STAGE_TIMES``: every decode step's
 host and GPU milliseconds, per stage for DDTREE and as one stage for DFLASH, into
 ``<out>/stages/<server>.jsonl``, summarised per batch size into ``<out>/stages/<server>.json``
-and a printed table: where a launch-bound step spends its host time), and for ``ddtree`` servers
-``+adaptive`` (``--speculative-adaptive`` with ``--adaptive-config FILE``: budget by batch
+and a printed table: where a launch-bound step spends its host time), ``+profile`` (after the
+checks, a torch-profiler trace of ``--profile-steps`` decode steps at each concurrency of
+``--profile-levels``, greedy requests of ``--profile-tokens`` tokens, summarised by
+:mod:`e2e.trace` into ``<out>/profiles/<server>-C<c>.json`` and printed: the GPU kernels, the eager
+launches by host operator and the host time inside SGLang's ``run_batch`` by piece and operator,
+for any algorithm, so DFLASH's step and DDTREE's can be read side by side), and for ``ddtree``
+servers ``+adaptive`` (``--speculative-adaptive`` with ``--adaptive-config FILE``: budget by batch
 size). Its flags
 come from ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
@@ -107,12 +112,13 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
         "replayssm",
         "nooverlap",
         "stages",
+        "profile",
         "adaptive",
     }:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs, +patched, +replayssm, +nooverlap, (dflash, ddtree) +stages and "
-            "(ddtree) +adaptive"
+            "optional +graphs, +patched, +replayssm, +nooverlap, +profile, (dflash, ddtree) "
+            "+stages and (ddtree) +adaptive"
         )
     algorithm = m.group(1) or "ddtree"
     if "stages" in mods and algorithm not in ("dflash", "ddtree"):
@@ -298,6 +304,38 @@ def check(res, srv, prompts, args):
                 )
             )
         res["dist_pairs"] = [o["output_ids"] for o in outs]
+    if "profile" in parse_server(label)[2]:
+        res["profiles"] = [profile(srv, label, prompts, c, args) for c in args.profile_levels]
+
+
+def profile(srv: kit.Server, label: str, prompts: list[str], c: int, args) -> dict:
+    """``+profile``: a decode trace at concurrency ``c`` (:func:`e2e.trace.record_decode_trace`),
+    ``c`` greedy requests of ``--profile-tokens`` tokens at once, summarised into
+    ``<out>/profiles/<server>-C<c>.json`` and printed; the outcome."""
+    from e2e import trace
+
+    def level() -> None:
+        with cf.ThreadPoolExecutor(c) as ex:
+            list(
+                ex.map(
+                    lambda i: generate(srv.url, prompts[i % len(prompts)], args.profile_tokens),
+                    range(c),
+                )
+            )
+
+    summary = trace.record_decode_trace(
+        srv.url,
+        Path(args.out, "profiles", f"{_slug(label)}-C{c}"),
+        _slug(label),
+        args.profile_steps,
+        level,
+        meta={"server": label, "concurrency": c},
+        keep=args.keep_traces,
+    )
+    if summary is None:
+        return {"concurrency": c, "status": "failed: no complete decode trace written"}
+    print(trace.markdown(summary), flush=True)
+    return {"concurrency": c, "status": "ok", "run_batch_ms": summary["host_time"]["median_ms"]}
 
 
 def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
@@ -514,6 +552,31 @@ def main(argv: list[str] | None = None) -> int:
         "--adaptive-config",
         help="--speculative-adaptive-config FILE of the +adaptive servers (budget by batch size)",
     )
+    ap.add_argument(
+        "--profile-levels",
+        type=kit.concurrency_list,
+        default=(1,),
+        metavar="C_LIST",
+        help="+profile servers: trace decode steps at each of these concurrencies (default 1)",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=20,
+        help="+profile servers: decode steps per trace (default 20)",
+    )
+    ap.add_argument(
+        "--profile-tokens",
+        type=int,
+        default=512,
+        help="+profile servers: new tokens per traced request; a request must outlast the traced "
+        "steps (default 512: at most 16 tokens per step on the tiny pair, so 31 steps or more)",
+    )
+    ap.add_argument(
+        "--keep-traces",
+        action="store_true",
+        help="+profile servers: keep each raw trace beside its summary (several MB each)",
+    )
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument(
         "--launcher", default=DEFAULT_LAUNCHER, help="server command prefix ({python} = this one)"
@@ -532,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
             raise kit.HarnessError(
                 f"--abort-check {args.abort_check}: give 0 (off) or at least "
                 f"{slots.ABORT_EVERY} streams (a quarter of them are aborted)"
+            )
+        if args.profile_steps < 1 or args.profile_tokens <= args.profile_steps:
+            raise kit.HarnessError(
+                f"--profile-steps {args.profile_steps} / --profile-tokens {args.profile_tokens}: "
+                "give at least 1 step and more tokens than steps (a request must outlast them)"
             )
         if args.sweep_tokens < 1:
             raise kit.HarnessError(
@@ -570,7 +638,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = server_config(
             spec, args.target, args.drafter, block, args.graph_bs, extra, args.adaptive_config
         )
-        if "stages" not in parse_server(spec)[2]:
+        mods = parse_server(spec)[2]
+        if "profile" in mods:  # the decode trace starts at the first batch this large
+            cfg = kit.with_args(
+                cfg, env={"SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS": str(min(args.profile_levels))}
+            )
+        if "stages" not in mods:
             return cfg
         stage_dir = Path(args.out, "stages")
         stage_dir.mkdir(exist_ok=True)

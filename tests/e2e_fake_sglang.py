@@ -83,14 +83,18 @@ def metrics() -> str:
 
 
 def trace(folder: str, prefix: str, steps: int) -> None:
-    """Per step: one graph replay (two 3 ms GEMMs) and one eager 1 ms kernel (Triton launch)."""
+    """Per step: SGLang's 90 µs ``scheduler.run_batch`` host span holding one graph replay (two
+    3 ms GEMMs), an ``aten::index`` and one eager 1 ms kernel (Triton launch)."""
     events, corr = [], 0
     for s in range(steps):
+        events.append({**_host("scheduler.run_batch", "user_annotation", s, None), "dur": 90})
         corr += 1
         events.append(_host("cudaGraphLaunch", "cuda_runtime", s, corr))
         events += [_gpu("gemm", s, corr, 3000.0), _gpu("gemm", s, corr, 3000.0)]
+        events.append({**_host("aten::index", "cpu_op", s, None), "ts": 100 * s + 20})
         corr += 1
-        events += [_host("cuLaunchKernel", "cuda_driver", s, corr), _gpu("tree", s, corr, 1000.0)]
+        launch = {**_host("cuLaunchKernel", "cuda_driver", s, corr), "ts": 100 * s + 30}
+        events += [launch, _gpu("tree", s, corr, 1000.0)]
     Path(folder).mkdir(parents=True, exist_ok=True)
     for stage, evs in (("EXTEND", events[:1]), ("DECODE", events)):
         with gzip.open(Path(folder, f"{prefix}-1.5-TP-0-{stage}.trace.json.gz"), "wt") as f:
@@ -104,7 +108,9 @@ def _host(name, cat, step, corr):
         "name": name,
         "ts": 100 * step,
         "dur": 5,
-        "args": {"correlation": corr},
+        "pid": 1,
+        "tid": 1,
+        "args": {} if corr is None else {"correlation": corr},
     }
 
 

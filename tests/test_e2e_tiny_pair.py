@@ -203,6 +203,54 @@ def test_stages_time_the_speculative_servers_steps_and_print_them_per_batch_size
     assert "stage times, dflash " not in out
 
 
+def test_profile_traces_decode_steps_of_any_server_and_prints_where_the_host_time_goes(
+    tmp_path, monkeypatch, capsys
+):
+    """+profile: after the checks, SGLang's /start_profile (the steps asked for, by stage) around
+    greedy requests of --profile-tokens at each --profile-levels concurrency, with the server's
+    decode trace starting at the smallest of them (SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS); the
+    trace summarised into <out>/profiles/<server>-C<c>.json (the raw trace deleted) and e2e.json,
+    and printed with the host time inside run_batch; a server without +profile is not traced."""
+    args = ("--profile-steps", "3", "--profile-tokens", "9")
+    assert _main(tmp_path, monkeypatch, "dflash,ar+profile", *args) == 0
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert [c["env"].get("SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS") for c in calls] == [None, "1"]
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert "profiles" not in results[0]
+    assert results[1]["profiles"] == [
+        {"concurrency": 1, "status": "ok", "run_batch_ms": pytest.approx(0.09)}
+    ]
+    summary = json.loads((tmp_path / "out" / "profiles" / "ar_profile-C1.json").read_text())
+    assert (summary["server"], summary["concurrency"], summary["steps"]) == ("ar+profile", 1, 3)
+    assert summary["graph_launches_per_step"] == 1.0
+    assert summary["host_time"]["ops"][0]["op"] == "aten::index"
+    assert not list((tmp_path / "out" / "profiles" / "ar_profile-C1").iterdir())
+    out = capsys.readouterr().out
+    assert "ar+profile at C = 1: 7.00 GPU ms per step over 3 steps" in out
+    assert "| after the last graph launch |" in out
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--profile-steps", "0"), "give at least 1 step"),
+        (("--profile-steps", "20", "--profile-tokens", "20"), "more tokens than steps"),
+    ],
+)
+def test_profile_sizes_are_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys, flags, message
+):
+    assert _main(tmp_path, monkeypatch, "ar+profile", *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_profile_levels_must_be_positive_concurrencies(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        _main(tmp_path, monkeypatch, "ar+profile", "--profile-levels", "1,0")
+    assert "argument --profile-levels: '1,0': valid: positive integers" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec", ["ar+stages", "nextn+graphs+stages"])
 def test_stages_are_refused_for_servers_without_speculative_stages(spec):
     with pytest.raises(kit.HarnessError, match=r"\+stages times dflash and ddtree decode steps"):
