@@ -197,7 +197,7 @@ def test_sharded_topk_through_static_all_gathers_merges_to_the_full_vocabulary()
 def _top_logits_cases():
     """(logits [R, V], k, temperature, tile width): tiles of fewer than k columns, a partial last
     tile, exact ties across tiles, -inf tokens and a row of them, bf16 logits, rows of more tiles
-    than k (where the tiles below the k-th largest tile max are skipped), and k = 1."""
+    than k (where the tiles below the k-th largest tile max are skipped), k = 1 and k = 241."""
     g = torch.Generator().manual_seed(7)
     ties = torch.randint(-2, 2, (4, 37), generator=g).float()
     ties[1] = 0.25  # one value everywhere: the lowest ids win, across every tile
@@ -223,6 +223,10 @@ def _top_logits_cases():
         (ties, 1, 1.0, 8),
         (neginf, 1, 1.0, 4096),
         ((torch.randn(2, 700, generator=g) * 3).to(torch.bfloat16), 1, 1e-8, 64),
+        # budget 255's exact K at the tiny pair's horizon (255 - 15 + 1): wider than a tile, and
+        # the whole of a one-tile row but 59 tokens
+        (torch.randn(2, 300, generator=g) * 4, 241, 0.75, 128),
+        (torch.randn(1, 300, generator=g) * 4, 241, 0.75, 4096),
     ]
 
 

@@ -241,10 +241,10 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
 
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
-@pytest.mark.parametrize("k", [7, 17, 49])
+@pytest.mark.parametrize("k", [7, 17, 49, 241])
 def test_topk_kernels_compile_for_sm90(dtype, k):
-    """The draft head's top-K at the 27B vocabulary: tiles of 4096, K up to budget 63's 49, the
-    candidate search without spilling."""
+    """The draft head's top-K at the 27B vocabulary: tiles of 4096, K up to budget 63's 49 (and
+    budget 255's 241 at the tiny pair's horizon), the candidate search without spilling."""
     from sglang_spec.tree import triton_topk as tt
 
     kb, tiles = triton.next_power_of_2(k), triton.cdiv(248320, 4096)

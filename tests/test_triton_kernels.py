@@ -17,12 +17,14 @@ from tree_testing import run_under_triton_interpreter
 
 
 def _cases():
-    """(bs, L, V, B, include_chain, logits) covering B < L, B = L, B > L and exact ties."""
+    """(bs, L, V, B, include_chain, logits) covering B < L, B = L, B > L (up to 255, a verify
+    width of 256) and exact ties."""
     g = torch.Generator().manual_seed(0)
     cases = []
     shapes = [(3, 4, 7, 10), (2, 1, 3, 5), (4, 6, 50, 33), (1, 15, 100, 64), (2, 3, 2, 9)]
     shapes += [(5, 2, 40, 1), (3, 6, 5, 4), (3, 5, 6, 5)]
     shapes += [(20, 3, 8, 6)]  # more requests than the layout kernel sums per iteration (16)
+    shapes += [(2, 15, 200, 127), (1, 15, 300, 255)]  # the widest trees at the tiny pair's L
     for (bs, L, V, B), chain in itertools.product(shapes, (True, False)):
         lg = torch.randn(bs, L, V, generator=g)
         lg[0, :, 1] = float("-inf")  # impossible tokens
