@@ -13,7 +13,20 @@ interleaved run) and the verdict reads the median over the passes, with their lo
 beside it: a drifting machine moved one server's level by up to 1.4x between passes (session 25),
 which ratios of per-server medians taken minutes apart would carry.
 
-Prints the table and the verdict, writes ``--json``; exits 0 when the bar is met at every C, 1
+Why a ratio is what it is: where the sweep records carry them (``loadtests.sweep`` since session
+11), a second table gives every server's tokens per verify step and median chunk gap (ms between a
+streaming request's chunks: one decode step at a time), medians over the passes, and the adaptive
+server's ratio over DFLASH and over the best fixed budget split into the two: tokens per step
+(which budget it ran, and the probes) times the step rate (the inverse ratio of chunk gaps: what its
+steps cost). The product leaves out the prefills, so it only approximates the tokens/s ratio. On
+the launch-bound tiny pair a miss from the step rate is host time, one from tokens per step the
+budget choice. (Session 25's sweeps, read this way: at C = 1 DDTREE(63)'s chunk gap was 7.4 ms,
+DFLASH's 5.2 and AR's 2.3; 1.19x DFLASH's tokens per step at 0.66x its step rate.)
+
+A pass in which some server's level did not complete (0 tokens/s or ``interrupted``: a pass cut by
+a time-out) is left out at that C (``skipped_passes``).
+
+Prints the tables and the verdict, writes ``--json``; exits 0 when the bar is met at every C, 1
 when not, 2 on bad input.
 """
 
@@ -31,9 +44,12 @@ from e2e.tiny_pair import parse_server
 NEAR_BEST = 0.95  # the bar: within 5 % of the best fixed budget
 
 
-def load_runs(folder: Path) -> dict[str, dict[int, list[float]]]:
-    """{server label: {C: [output tokens/s of pass 1, 2, ...]}} from every JSONL in ``folder``."""
-    runs: dict[str, dict[int, list[float]]] = {}
+STEP_FIELDS = ("tokens_per_step", "median_chunk_gap_ms")  # the second table's, when recorded
+
+
+def load_runs(folder: Path) -> dict[str, dict[int, list[dict]]]:
+    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folder``."""
+    runs: dict[str, dict[int, list[dict]]] = {}
     for path in sorted(folder.glob("*.jsonl")):
         levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
         labels = {lv.get("label") for lv in levels}
@@ -44,9 +60,9 @@ def load_runs(folder: Path) -> dict[str, dict[int, list[float]]]:
         label = labels.pop()
         if label in runs:
             raise kit.HarnessError(f"{path}: a second file of server {label!r}")
-        by_c: dict[int, list[float]] = {}
+        by_c: dict[int, list[dict]] = {}
         for lv in levels:
-            by_c.setdefault(int(lv["max_concurrency"]), []).append(float(lv["output_throughput"]))
+            by_c.setdefault(int(lv["max_concurrency"]), []).append(lv)
         runs[label] = by_c
     return runs
 
@@ -71,21 +87,41 @@ def roles(labels: list[str]) -> tuple[str, str, str, list[str]]:
     return ar[0], dflash[0], adaptive[0], fixed
 
 
-def verdict(runs: dict[str, dict[int, list[float]]]) -> list[dict]:
+def complete(level: dict) -> bool:
+    """A level that ran to its end: a pass cut by a time-out records 0 tokens/s or
+    ``interrupted``."""
+    return float(level.get("output_throughput") or 0) > 0 and not level.get("interrupted")
+
+
+def verdict(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     """Per C: every server's median tokens/s and the adaptive server's per-pass ratios (median,
-    lowest, highest) over DFLASH, AR and the pass's best fixed budget, and whether the bar holds."""
+    lowest, highest) over DFLASH, AR and the pass's best fixed budget, and whether the bar holds;
+    with the step fields recorded, ``steps`` (module docstring). Only the passes in which every
+    server's level completed count (``skipped_passes``: the others)."""
     ar, dflash, adaptive, fixed = roles(list(runs))
+    servers = (ar, dflash, *fixed, adaptive)
     rows = []
     for c in sorted(runs[adaptive]):
-        passes = min(len(runs[s].get(c, [])) for s in runs)
-        if passes == 0:
-            raise kit.HarnessError(f"C = {c}: a server has no level there; valid: every server")
+        ran = min(len(runs[s].get(c, [])) for s in runs)
+        kept = [k for k in range(ran) if all(complete(runs[s][c][k]) for s in servers)]
+        if not kept:
+            raise kit.HarnessError(
+                f"C = {c}: no pass in which every server's level completed; valid: a run whose "
+                "servers all finished a level at every C"
+            )
+        passes = [{s: runs[s][c][k] for s in servers} for k in kept]
         per_pass = []
-        for k in range(passes):
-            a = runs[adaptive][c][k]
-            best = max(runs[f][c][k] for f in fixed)
+        for lv in passes:
+            a = float(lv[adaptive]["output_throughput"])
+            best = max(fixed, key=lambda f: float(lv[f]["output_throughput"]))
             per_pass.append(
-                {"dflash": a / runs[dflash][c][k], "ar": a / runs[ar][c][k], "best_fixed": a / best}
+                {
+                    "best": best,
+                    **{
+                        key: a / float(lv[other]["output_throughput"])
+                        for key, other in (("dflash", dflash), ("ar", ar), ("best_fixed", best))
+                    },
+                }
             )
         ratios = {
             key: {
@@ -95,21 +131,57 @@ def verdict(runs: dict[str, dict[int, list[float]]]) -> list[dict]:
             }
             for key in ("dflash", "ar", "best_fixed")
         }
-        rows.append(
-            {
-                "concurrency": c,
-                "passes": passes,
-                "tokens_per_s": {
-                    s: statistics.median(runs[s][c][:passes])
-                    for s in (ar, dflash, *fixed, adaptive)
-                },
-                "adaptive_over": ratios,
-                "met": ratios["dflash"]["median"] >= 1.0
-                and ratios["ar"]["median"] >= 1.0
-                and ratios["best_fixed"]["median"] >= NEAR_BEST,
-            }
-        )
+        row = {
+            "concurrency": c,
+            "passes": len(kept),
+            "skipped_passes": ran - len(kept),
+            "tokens_per_s": {
+                s: statistics.median(float(lv[s]["output_throughput"]) for lv in passes)
+                for s in servers
+            },
+            "adaptive_over": ratios,
+            "met": ratios["dflash"]["median"] >= 1.0
+            and ratios["ar"]["median"] >= 1.0
+            and ratios["best_fixed"]["median"] >= NEAR_BEST,
+        }
+        if ar_steps(passes, ar) and all(
+            lv[s].get(f) for lv in passes for s in servers for f in STEP_FIELDS
+        ):
+            row["steps"] = _steps(passes, servers, adaptive, dflash, per_pass)
+        rows.append(row)
     return rows
+
+
+def ar_steps(passes: list[dict], ar: str) -> bool:
+    """Give the AR server's levels their one token per step (its records carry none); False when
+    a level has no chunk gap to go with it."""
+    for lv in passes:
+        if lv[ar].get(STEP_FIELDS[0]) is None:
+            lv[ar] = {**lv[ar], STEP_FIELDS[0]: 1.0}
+    return all(lv[ar].get(STEP_FIELDS[1]) for lv in passes)
+
+
+def _steps(passes: list[dict], servers, adaptive: str, dflash: str, per_pass) -> dict:
+    """Medians over the passes of each server's tokens per step and chunk gap, and of the adaptive
+    server's ratios over DFLASH and over each pass's best fixed budget as (tokens per step, step
+    rate) factors."""
+    tau, gap = STEP_FIELDS
+
+    def split(others: list[str]) -> dict:  # the server compared with, pass by pass
+        pairs = [(lv[adaptive], lv[o]) for lv, o in zip(passes, others, strict=True)]
+        return {
+            "tokens_per_step": statistics.median(float(a[tau]) / float(o[tau]) for a, o in pairs),
+            "step_rate": statistics.median(float(o[gap]) / float(a[gap]) for a, o in pairs),
+        }
+
+    return {
+        "per_server": {
+            s: {f: statistics.median(float(lv[s][f]) for lv in passes) for f in STEP_FIELDS}
+            for s in servers
+        },
+        "adaptive_over_dflash": split([dflash] * len(passes)),
+        "adaptive_over_best_fixed": split([p["best"] for p in per_pass]),
+    }
 
 
 def markdown(rows: list[dict]) -> str:
@@ -117,13 +189,15 @@ def markdown(rows: list[dict]) -> str:
     head = ["C", "passes", *servers, "adaptive / DFLASH", "adaptive / AR", "adaptive / best fixed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["concurrency"]), str(r["passes"])]
+        cut = r.get("skipped_passes")
+        cells = [str(r["concurrency"]), f"{r['passes']}" + (f" ({cut} cut)" if cut else "")]
         cells += [f"{r['tokens_per_s'][s]:.0f}" for s in servers]
         for key, floor in (("dflash", 1.0), ("ar", 1.0), ("best_fixed", NEAR_BEST)):
             q = r["adaptive_over"][key]
             mark = "" if q["median"] >= floor else " **miss**"
             cells.append(f"{q['median']:.3f} ({q['low']:.2f}-{q['high']:.2f}){mark}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _steps_markdown(rows, servers)
     missed = [r["concurrency"] for r in rows if not r["met"]]
     lines.append("")
     lines.append(
@@ -132,6 +206,34 @@ def markdown(rows: list[dict]) -> str:
         else f"issue 15 tiny bar: missed at C = {', '.join(map(str, missed))}"
     )
     return "\n".join(lines)
+
+
+def _steps_markdown(rows: list[dict], servers: list[str]) -> list[str]:
+    if not any("steps" in r for r in rows):
+        return []
+    head = ["C", *servers, "adaptive / DFLASH", "adaptive / best fixed"]
+    lines = [
+        "",
+        "Tokens per verify step / median chunk gap (ms), medians of the passes; the adaptive "
+        "server's ratios as (tokens per step) x (step rate: the other's chunk gap over its own), "
+        "prefills left out:",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        if "steps" not in r:
+            continue
+        st = r["steps"]
+        cells = [str(r["concurrency"])]
+        for s in servers:
+            e = st["per_server"][s]
+            cells.append(f"{e['tokens_per_step']:.2f} / {e['median_chunk_gap_ms']:.2f}")
+        for key in ("adaptive_over_dflash", "adaptive_over_best_fixed"):
+            q = st[key]
+            cells.append(f"{q['tokens_per_step']:.3f} x {q['step_rate']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

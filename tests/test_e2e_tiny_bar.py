@@ -12,8 +12,14 @@ from e2e import tiny_bar
 ADAPTIVE = "ddtree63+graphs+adaptive"
 
 
-def _write(folder: Path, label: str, levels: list[tuple[int, float]]) -> None:
-    rows = [{"label": label, "max_concurrency": c, "output_throughput": t} for c, t in levels]
+def _write(folder: Path, label: str, levels: list[tuple], **fields) -> None:
+    """One server's sweep file: levels (C, tokens/s[, tokens per step, median chunk gap ms])."""
+    rows = []
+    for c, t, *step in levels:
+        row = {"label": label, "max_concurrency": c, "output_throughput": t, **fields}
+        if step:
+            row.update(tokens_per_step=step[0], median_chunk_gap_ms=step[1])
+        rows.append(row)
     name = label.replace("+", "_") + ".jsonl"
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -68,3 +74,57 @@ def test_a_run_without_every_role_is_refused_in_one_line(tmp_path, capsys):
     assert "the bar needs one AR, one DFLASH, one +adaptive DDTREE and at least one fixed" in err
     assert tiny_bar.main([str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_passes_a_time_out_cut_are_left_out_at_their_concurrency(tmp_path, capsys):
+    """A pass whose level of some server recorded 0 tokens/s (or ``interrupted``) does not count at
+    that C; the others do, and the table says how many were cut."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    _write(d, "ar+graphs", [(1, 400), (1, 300)])
+    _write(d, "dflash+graphs", [(1, 1000), (1, 0.0)])  # pass 2 cut by a time-out
+    _write(d, "ddtree63+graphs", [(1, 1200), (1, 900)])
+    _write(d, ADAPTIVE, [(1, 1100), (1, 100)])
+    out = tmp_path / "bar.json"
+    assert tiny_bar.main([str(d), "--json", str(out)]) == 1
+    (row,) = json.loads(out.read_text())
+    assert (row["passes"], row["skipped_passes"]) == (1, 1)
+    assert row["adaptive_over"]["dflash"]["median"] == pytest.approx(1.1)
+    assert row["tokens_per_s"][ADAPTIVE] == 1100.0
+    assert "| 1 | 1 (1 cut) |" in capsys.readouterr().out
+    _write(d, "ar+graphs", [(1, 400), (1, 300)], interrupted=True)  # no complete pass left
+    assert tiny_bar.main([str(d)]) == 2
+    assert "C = 1: no pass in which every server's level completed" in capsys.readouterr().err
+
+
+def test_the_ratios_split_into_tokens_per_step_and_step_rate(tmp_path, capsys):
+    """With tokens per step and chunk gaps recorded: their medians per server (AR's records carry
+    no tokens per step: one), and the adaptive server's ratios over DFLASH and over each pass's
+    best fixed budget as (tokens per step) x (step rate = the other's gap / its own)."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    _write(d, "ar+graphs", [(1, 400, None, 2.0), (1, 300, None, 3.0)])
+    _write(d, "dflash+graphs", [(1, 1000, 9.0, 5.0), (1, 900, 9.0, 6.0)])
+    _write(d, "ddtree15+graphs", [(1, 1100, 9.0, 6.0), (1, 700, 9.0, 9.0)])
+    _write(d, "ddtree63+graphs", [(1, 1000, 11.0, 8.0), (1, 800, 11.0, 9.0)])
+    _write(d, ADAPTIVE, [(1, 1050, 11.0, 7.0), (1, 850, 10.0, 8.0)])
+    out = tmp_path / "bar.json"
+    tiny_bar.main([str(d), "--json", str(out)])
+    steps = json.loads(out.read_text())[0]["steps"]
+    assert steps["per_server"]["ar+graphs"] == {"tokens_per_step": 1.0, "median_chunk_gap_ms": 2.5}
+    assert steps["per_server"][ADAPTIVE]["tokens_per_step"] == pytest.approx(10.5)
+    # over DFLASH: passes (11/9, 5/7) and (10/9, 6/8)
+    over = steps["adaptive_over_dflash"]
+    assert over["tokens_per_step"] == pytest.approx((11 / 9 + 10 / 9) / 2)
+    assert over["step_rate"] == pytest.approx((5 / 7 + 6 / 8) / 2)
+    # the best fixed budget is 15 in pass 1 (1100) and 63 in pass 2 (800)
+    best = steps["adaptive_over_best_fixed"]
+    assert best["tokens_per_step"] == pytest.approx((11 / 9 + 10 / 11) / 2)
+    assert best["step_rate"] == pytest.approx((6 / 7 + 9 / 8) / 2)
+    text = capsys.readouterr().out
+    assert "| 1 | 1.00 / 2.50 | 9.00 / 5.50 | 9.00 / 7.50 | 11.00 / 8.50 | 10.50 / 7.50 |" in text
+    assert f"| {(11 / 9 + 10 / 9) / 2:.3f} x {(5 / 7 + 6 / 8) / 2:.3f} |" in text
+    # a run without them (older records) prints no second table
+    _write(d, "dflash+graphs", [(1, 1000), (1, 900)])
+    tiny_bar.main([str(d)])
+    assert "Tokens per verify step" not in capsys.readouterr().out
