@@ -12,7 +12,10 @@ more than once (``--sweep 1,2,1,2``, as ``loadtests.compare`` reads repeats) cos
 levels. Files of servers other than fixed DDTREE are skipped (an ``+adaptive`` server of an
 interleaved run, ``h200_adaptive.sh PARTS=interleaved``, mixes budgets); two files for one budget, or a level
 without an accept length, a successful request or a throughput, are refused with one line. Prints the table and writes it in
-``docs/adaptive-budget.md``'s format (``--write-config``).
+``docs/adaptive-budget.md``'s format (``--write-config``). With ``--base CONFIG`` the written config
+is that one with the sweeps' cells put in (a budget measured again at a concurrency replaces its
+cell, a new budget or concurrency is added, the rest and the controller's knobs are kept): a run
+of a few fixed budgets at a few concurrencies updates a table without sweeping every budget again.
 """
 
 from __future__ import annotations
@@ -72,18 +75,50 @@ def sweep_cost_table(paths: list[str]) -> dict[str, dict[str, float]]:
     return cost_table({("DDTREE", b): costs for b, costs in by_budget.items()})
 
 
+def merged_config(base_path: str, table: dict[str, dict[str, float]]) -> dict:
+    """The budget config at ``base_path`` with ``table``'s cells put in, validated as the server
+    validates it (one-line ``ValueError`` otherwise)."""
+    from sglang_spec.plugin.budget import BudgetConfigError, BudgetPolicy
+
+    try:
+        with open(base_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--base {base_path}: cannot read a JSON config ({e})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cost_ms"), dict):
+        raise ValueError(f"--base {base_path}: no cost_ms table; valid: a budget config")
+    cost = {c: dict(row) for c, row in config["cost_ms"].items()}
+    for c, row in table.items():
+        cost.setdefault(c, {}).update(row)
+    config["cost_ms"] = {
+        c: dict(sorted(row.items(), key=lambda kv: int(kv[0])))
+        for c, row in sorted(cost.items(), key=lambda kv: int(kv[0]))
+    }
+    try:
+        BudgetPolicy.from_dict(config, f"--base {base_path} with the sweeps")
+    except BudgetConfigError as e:
+        raise ValueError(str(e)) from None
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m e2e.sweep_costs", description=__doc__.splitlines()[0]
     )
     ap.add_argument("sweeps", nargs="+", help="loadtests.sweep JSONL files, one per server")
     ap.add_argument("--write-config", help="write {'cost_ms': ...} here")
+    ap.add_argument(
+        "--base",
+        metavar="CONFIG",
+        help="write this budget config with the sweeps' cells put in (module docstring)",
+    )
     args = ap.parse_args(argv)
     missing = [p for p in args.sweeps if not os.path.isfile(p)]
     if missing:
         ap.error(f"no such sweep file: {missing[0]}")
     try:
         table = sweep_cost_table(args.sweeps)
+        config = {"cost_ms": table} if args.base is None else merged_config(args.base, table)
     except ValueError as e:
         print(f"python -m e2e.sweep_costs: {e}", file=sys.stderr)
         return 2
@@ -94,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {c} | " + " | ".join(f"{row.get(str(b), '-')}" for b in budgets) + " |")
     if args.write_config:
         with open(args.write_config, "w") as f:
-            json.dump({"cost_ms": table}, f, indent=1)
+            json.dump(config, f, indent=1)
             f.write("\n")
     return 0
 

@@ -85,3 +85,36 @@ def test_two_sweeps_of_one_budget_and_no_ddtree_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sweep_costs.main([str(tmp_path / "missing.jsonl")])
     assert "no such sweep file" in capsys.readouterr().err
+
+
+def test_a_base_config_gets_the_sweeps_cells_and_keeps_the_rest(tmp_path, capsys):
+    """--base: a budget measured again at a concurrency replaces that cell, a new budget or
+    concurrency is added, every other cell and the controller's knobs stay; the result is what
+    the server loads. A base the server would refuse, or no base at all, is refused in one line."""
+    base = tmp_path / "base.json"
+    base.write_text(
+        json.dumps(
+            {
+                "cost_ms": {"1": {"15": 7.0, "63": 7.5}, "8": {"15": 20.0, "63": 17.0}},
+                "hysteresis": 0.1,
+            }
+        )
+    )
+    d63 = _sweep(tmp_path / "a.jsonl", "ddtree63+graphs", [(1, 7.0, 1000.0)])
+    d255 = _sweep(tmp_path / "b.jsonl", "ddtree255+graphs", [(1, 8.0, 1000.0), (2, 8.0, 2000.0)])
+    out = tmp_path / "cfg.json"
+    assert sweep_costs.main([d63, d255, "--base", str(base), "--write-config", str(out)]) == 0
+    assert json.loads(out.read_text()) == {
+        "cost_ms": {
+            "1": {"15": 7.0, "63": 7.0, "255": 8.0},
+            "2": {"255": 8.0},
+            "8": {"15": 20.0, "63": 17.0},
+        },
+        "hysteresis": 0.1,
+    }
+    assert load_budget_policy(str(out)).budgets == (15, 63, 255)
+    base.write_text(json.dumps({"cost_ms": {"1": {"15": -1.0}}}))
+    assert sweep_costs.main([d63, "--base", str(base), "--write-config", str(out)]) == 2
+    assert "cost_ms['1']['15']=-1.0 is not valid" in capsys.readouterr().err
+    assert sweep_costs.main([d63, "--base", str(tmp_path / "nope.json")]) == 2
+    assert "nope.json: cannot read a JSON config" in capsys.readouterr().err
