@@ -477,6 +477,7 @@ def record_decode_trace(
         for path in sorted(folder.glob("*DECODE*.trace.json*")):
             try:
                 events = load_events(path)
+                break
             except (OSError, EOFError, ValueError):  # still being written
                 events = None
         if events is None:
