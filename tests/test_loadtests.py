@@ -524,6 +524,21 @@ def test_compare_takes_the_median_of_repeated_levels_and_shows_their_spread(tmp_
     assert "Spread of repeated levels" not in (tmp_path / "r1" / "report.md").read_text()
 
 
+def test_compare_shows_the_median_chunk_gap_the_step_time_of_a_streaming_level(tmp_path):
+    """The latency table's chunk gap p50 (a streaming request gets a chunk per decode step: the
+    step time a launch-bound server's throughput follows), the median of repeated levels."""
+    levels = [
+        _level("DDTREE-b64", "DDTREE", "Tiny", 1, 300.0, 5.0)
+        | {"median_chunk_gap_ms": gap, "p99_chunk_gap_ms": 9.0}
+        for gap in (4.0, 6.0, 5.0)
+    ]
+    runs = _write_levels(tmp_path / "runs.jsonl", levels)
+    assert compare.main([runs, "-o", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| chunk gap p50 ms | chunk gap p99 ms |" in md
+    assert "| 5.00 | 9.00 |" in md
+
+
 def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch):
     import matplotlib.figure
 
