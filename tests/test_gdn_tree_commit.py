@@ -249,4 +249,4 @@ def test_plugin_sees_the_gdn_tree_patches_applied(results):
     assert results["applied"] == series
     assert set(GDN_TREE_PATCHES) <= set(series)
     # what the plug-in reads lets it accept --enable-linear-replayssm-spec on this pin
-    check_linear_replayssm_spec(True, results["applied"], None)
+    check_linear_replayssm_spec(True, results["applied"], None, 64)

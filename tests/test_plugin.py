@@ -672,9 +672,22 @@ def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
     ):
         with pytest.raises(DDTreeConfigError, match="verify-backend='flashinfer'; valid: triton"):
             _resolve(models, flag, *extra)
+    # the GDN tree kernel's widest tree (triton_tree_wy.MAX_WY_NODES): 128 passes, 129 is refused
+    # with the flag and passes without it
+    cfg, _ = _resolve(models, flag, "--speculative-num-draft-tokens", "128")
+    assert cfg.speculative_num_draft_tokens == 128
+    with pytest.raises(DDTreeConfigError, match="at most 128 tokens per request .* width of 129"):
+        _resolve(models, flag, "--speculative-num-draft-tokens", "129")
+    assert _resolve(models, "--speculative-num-draft-tokens", "129")[0].speculative_eagle_topk > 1
     # without the flag nothing about the patches is asked
     monkeypatch.setattr(config, "applied_patches", lambda: ())
     assert _resolve(models)[0].enable_linear_replayssm_spec is False
+
+
+def test_the_replayssm_tree_width_is_the_wy_kernels_limit():
+    from sglang_spec.gdn import tree_replayssm, triton_tree_wy
+
+    assert tree_replayssm.MAX_TREE_WIDTH == triton_tree_wy.MAX_WY_NODES
 
 
 def test_applied_patches_only_when_the_installed_state_is_applied(monkeypatch):

@@ -56,7 +56,8 @@ def compile_sm90(
     src = ASTSource(
         fn=jit_fn, signature=sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}
     )
-    return triton.compile(src, target=SM90, options=options).asm
+    kernel = triton.compile(src, target=SM90, options=options)
+    return {**kernel.asm, "shared": kernel.metadata.shared}
 
 
 # Qwen3.6-27B's GDN: 16 key heads, 48 value heads, K = V = 128; DDTREE(63): N = 64, W = 16.
@@ -273,3 +274,33 @@ def test_commit_conv_states_kernel_compiles_for_sm90_unspecialised(conv_dtype):
     types |= dict(track_nodes_ptr="*i64")
     consts = dict(STATE_LEN=3, AB=16, BLOCK=ttc.BLOCK_C)
     assert compile_sm90(ttc._commit_conv_states_kernel, consts, types=types)["cubin"]
+
+
+# The shared memory one block may use on an H100 / H200 (227 KB, cudaFuncSetAttribute's opt-in).
+SM90_MAX_SHARED = 232448
+
+
+@pytest.mark.parametrize(
+    "dims", [(16, 48, 128), (1, 2, 64)]
+)  # (Hk, Hv, K = V): the 27B, the tiny pair
+def test_wy_output_launch_fits_an_h200_block_up_to_the_widest_tree(dims):
+    """MAX_WY_NODES: the output launch's shared memory fits an sm_90 block at the widest tree's
+    rows, and at twice as many it does not (its [BN, BN] blocks grow as BN^2)."""
+    from sglang_spec.gdn import triton_tree_wy as wy
+
+    hk, hv, d = dims
+    bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr")
+    shared = {}
+    for bn in (wy.wy_block_rows(wy.MAX_WY_NODES), 2 * wy.wy_block_rows(wy.MAX_WY_NODES)):
+        consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
+        consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d))
+        asm = compile_sm90(
+            wy._wy_out_kernel,
+            consts | dict(PREC=wy.WY_DOT_PRECISION),
+            ints_32=("N",),
+            types={p: "*bf16" for p in bf16},
+            options=dict(num_warps=wy.WY_WARPS),
+        )
+        shared[bn] = asm["shared"]
+    widest, twice = shared.values()
+    assert widest <= SM90_MAX_SHARED < twice, shared

@@ -12,13 +12,18 @@ verify backend must be Triton (the FlashInfer / CuTe DSL verify kernels are chai
 from __future__ import annotations
 
 TREE_VERIFY_BACKENDS = ("triton",)
+# triton_tree_wy.MAX_WY_NODES, which this module does not import (Triton): tests check they agree.
+MAX_TREE_WIDTH = 128
 
 
-def tree_replayssm_refusal(*, is_kda: bool, verify_backend: str | None) -> str | None:
+def tree_replayssm_refusal(
+    *, is_kda: bool, verify_backend: str | None, width: int | None = None
+) -> str | None:
     """Why a tree verify cannot run with ``--enable-linear-replayssm-spec`` (one line), or None.
 
     ``verify_backend`` is the resolved ``--linear-attn-verify-backend``; None means SGLang's
-    default for a non-FlashInfer decode backend, which is Triton.
+    default for a non-FlashInfer decode backend, which is Triton. ``width`` is the verify width
+    (tokens per request), when known: the tree kernel's limit (``triton_tree_wy.MAX_WY_NODES``).
     """
     if is_kda:
         return (
@@ -31,5 +36,12 @@ def tree_replayssm_refusal(*, is_kda: bool, verify_backend: str | None) -> str |
             "--enable-linear-replayssm-spec with a draft tree needs the Triton tree verify kernel; "
             f"got --linear-attn-verify-backend={verify_backend!r}; valid: "
             f"{', '.join(TREE_VERIFY_BACKENDS)}."
+        )
+    if width is not None and width > MAX_TREE_WIDTH:
+        return (
+            f"--enable-linear-replayssm-spec with a draft tree verifies at most {MAX_TREE_WIDTH} "
+            f"tokens per request (the GDN tree kernel's limit); got a verify width of {width}; "
+            f"valid: --speculative-num-draft-tokens <= {MAX_TREE_WIDTH} (every budget <= "
+            f"{MAX_TREE_WIDTH - 1}), or run without the flag."
         )
     return None

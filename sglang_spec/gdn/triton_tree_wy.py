@@ -74,6 +74,13 @@ WY_BLOCK_V = 32
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
 
+#: The most tree nodes (verify tokens per request) the launches take. The output launch holds all
+#: ``BN`` rows at once, its ``[BN, BN]`` float32 blocks of ``T`` and ``QK`` staged through shared
+#: memory: compiled for sm_90 it asks for 64 KB (Triton 3.6, the H200's; 96 KB with 3.8) at
+#: ``BN`` = 128 and 256 KB (320 KB) at 256, over the 227 KB a block may use on an H200, so no tree of
+#: more than 128 nodes could launch (session 27). Tiling its rows would lift this.
+MAX_WY_NODES = 128
+
 WY_WARPS = 4
 
 #: Every launch's ``tl.dot`` precision: three tf32 tensor-core products per float32 product
@@ -509,6 +516,10 @@ def launch_wy_kernels(
     only); ``num_warps`` is the output launch's."""
     bs, n, hk, dk = k.shape
     hv, dv = v.shape[2:]
+    if n > MAX_WY_NODES:
+        raise ValueError(
+            f"the WY tree verify takes at most {MAX_WY_NODES} nodes per tree; got N = {n}"
+        )
     if sglang is None:
         if ring is not None:
             raise ValueError("the ring stores are the SGLang mode's: give sglang with ring")

@@ -652,10 +652,11 @@ def linear_verify_backend(view: Any) -> str | None:
 
 
 def check_linear_replayssm_spec(
-    enabled: bool, applied: tuple[str, ...], verify_backend: str | None
+    enabled: bool, applied: tuple[str, ...], verify_backend: str | None, width: int
 ) -> None:
     """``--enable-linear-replayssm-spec`` (a tree verify without per-node GDN states) needs patches
-    0002 and 0003; its refusals for the verify backend are the patched SGLang's own
+    0002 and 0003; its refusals for the verify backend and the verify ``width`` (the server's, the
+    largest candidate's under budget by batch size) are the patched SGLang's own
     (``sglang_spec.gdn.tree_replayssm``). A KDA target is refused by the patched mamba pool."""
     from sglang_spec.gdn.tree_replayssm import tree_replayssm_refusal
 
@@ -668,7 +669,7 @@ def check_linear_replayssm_spec(
             f"{', '.join(missing)} applied to the installed SGLang: run `sglang-spec patch apply` "
             "(sglang 0.5.22 or 0.5.23; docs/gdn-tree-caching.md), or run without the flag."
         )
-    why = tree_replayssm_refusal(is_kda=False, verify_backend=verify_backend)
+    why = tree_replayssm_refusal(is_kda=False, verify_backend=verify_backend, width=width)
     if why is not None:
         raise DDTreeConfigError(why)
 
@@ -743,6 +744,7 @@ def handle_server_args(server_args: Any) -> DDTreeConfig:
         bool(getattr(view, "enable_linear_replayssm_spec", False)),
         applied,
         linear_verify_backend(view),
+        config.verify_width,
     )
 
     # The drafter takes the target's backend when none is given (speculative_hook.py:930). FA3
