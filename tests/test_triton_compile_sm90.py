@@ -22,6 +22,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from sglang_spec.gdn import triton_tree_recurrence as ttr  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+# The shared memory one block may use on an H100 / H200 (227 KB, cudaFuncSetAttribute's opt-in).
+SM90_MAX_SHARED = 232448
 BF16_PTRS = {"q_ptr", "k_ptr", "v_ptr"}
 INT_PTRS = {"paths_ptr", "path_ptr", "s0_rows_ptr", "ring_rows_ptr"}
 
@@ -122,16 +124,34 @@ def test_save_conv_inputs_kernel_compiles_for_sm90(conv_dtype):
     assert compile_sm90(ttc._save_conv_inputs_kernel, consts, types=types)["cubin"]
 
 
-@pytest.mark.parametrize("width,mode", [(16, 0), (64, 0), (16, 2), (64, 1)])
+@pytest.mark.parametrize("width,mode", [(16, 0), (64, 0), (16, 2), (64, 1), (256, 0)])
 def test_layout_kernel_with_paths_compiles_for_sm90(width, mode):
+    """The tree layout (with the GDN path table) up to budget 255's width, its rows per program as
+    the launcher picks them, within an H200 block's shared memory."""
     from sglang_spec.tree import triton_kernels as tk
 
     i64 = ("parents_ptr", "depths_ptr", "seq_lens_ptr", "positions_ptr", "next_token_ptr")
     types = {p: "*i64" for p in (*i64, "next_sibling_ptr", "retrieve_index_ptr")}
     types |= dict(mask_ptr="*i8" if mode < 2 else "*u16", paths_ptr="*i32")
     nb = triton.next_power_of_2(width)
-    consts = dict(N=width, HOPS=15, MODE=mode, BI=32, NB=nb, RB=32, PW=16, PWB=16)
-    assert compile_sm90(tk._layout_kernel, consts, types=types)["cubin"]
+    bi = 16 if width > 64 else 32
+    consts = dict(N=width, HOPS=15, MODE=mode, BI=bi, NB=nb, RB=16, PW=16, PWB=16)
+    asm = compile_sm90(tk._layout_kernel, consts, types=types)
+    assert asm["cubin"] and asm["shared"] <= SM90_MAX_SHARED
+
+
+@pytest.mark.parametrize("budget,k", [(63, 49), (255, 241)])
+def test_select_kernel_compiles_for_sm90_up_to_budget_255(budget, k):
+    """The best-first selection (one warp, the frontier in registers) at budgets 63 and 255 with
+    their exact K at the horizon 15, the chain forced, within an H200 block's shared memory."""
+    from sglang_spec.tree import triton_kernels as tk
+
+    n = budget + 1
+    types = {p: "*i64" for p in ("ids_ptr", "root_ptr", "tokens_ptr", "depth_ptr", "rank_ptr")}
+    types |= {"parent_ptr": "*i64", "num_nodes_ptr": "*i64"}
+    consts = dict(L=15, K=k, N=n, FB=triton.next_power_of_2(n), CHAIN=15)
+    asm = compile_sm90(tk._select_kernel, consts, types=types, options=dict(num_warps=1))
+    assert asm["cubin"] and asm["shared"] <= SM90_MAX_SHARED
 
 
 def _ptxas_stack_bytes(asm: dict) -> int:
@@ -274,10 +294,6 @@ def test_commit_conv_states_kernel_compiles_for_sm90_unspecialised(conv_dtype):
     types |= dict(track_nodes_ptr="*i64")
     consts = dict(STATE_LEN=3, AB=16, BLOCK=ttc.BLOCK_C)
     assert compile_sm90(ttc._commit_conv_states_kernel, consts, types=types)["cubin"]
-
-
-# The shared memory one block may use on an H100 / H200 (227 KB, cudaFuncSetAttribute's opt-in).
-SM90_MAX_SHARED = 232448
 
 
 @pytest.mark.parametrize(
