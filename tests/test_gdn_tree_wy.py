@@ -2,16 +2,17 @@
 processes, as Triton reads the variable at import; the two run side by side).
 
 1. ``tree_gated_delta_rule_wy`` against the torch core of ``tree_gated_delta_rule``, to 1e-5 max
-   abs on the outputs. Random trees at N in {1, 5, 16, 17, 64, 128} (one and several 16-row blocks,
+   abs on the outputs. Random trees at N in {1, 5, 16, 17, 64, 65, 130} (one and several 16-row
+   blocks; past 64 the output launch's blocks of 64 rows,
    blocks with padding rows past N, padding slots between real nodes), a 64-node chain (every
    earlier node an ancestor: the densest mask, deepest path) and a 64-node star (only the root is
    an ancestor); bs 2, GQA with Hv = 2 Hk; the 27B head dims K = V = 128 (four 32-column K slices,
    four value tiles), and K, V not powers of two; strided q/k views of one projection; a path table
    wider than the deepest path.
 2. Its SGLang mode, ``sglang_verify.gdn_tree_verify_wy``, against the walk's,
-   ``gdn_tree_verify``, on the same SGLang tensors: random trees at N in {1, 5, 16, 17, 64, 120}
-   (120: the tiny hybrid pair's head dims at the widest block of rows, BN = 128) and a batch of a
-   64-node chain and a 64-node star; bs 3 with request 1 a padding request
+   ``gdn_tree_verify``, on the same SGLang tensors: random trees at N in {1, 5, 16, 17, 64, 200}
+   (200: the tiny hybrid pair's head dims at the widest, BN = 256, the output launch in blocks of
+   64 rows) and a batch of a 64-node chain and a 64-node star; bs 3 with request 1 a padding request
    (``cache_indices`` -1); GQA Hv = 3 Hk with 1 and 2 key heads; q/k/v and a/b strided views of one
    projection each; bf16 activations on an fp32 pool, and one fp32-activation case; one, two and (at
    K = V = 128, once) four value tiles; the ring on (two columns wider than the tree) and off; a
@@ -45,7 +46,7 @@ WY_CHILD = textwrap.dedent(
     # (name, parents rows, K, V, extra path-table columns, q/k strided views of one projection)
     cases = [
         (f"random_n{n}", [random_parents(gen, n, 15, 0.15) for _ in range(bs)], 32, 24, 0, False)
-        for n in (1, 5, 16, 17, 64, 128)
+        for n in (1, 5, 16, 17, 64, 65, 130)
     ]
     cases += [
         ("chain_64", [chain, chain], 16, 16, 0, False),
@@ -112,8 +113,9 @@ SGLANG_CHILD = textwrap.dedent(
         ("chain_and_star_64", [chain, star, star], 1, 3, 16, 16, None, bf16, True),
         ("random_n17_fp32", trees(17, 3), 1, 3, 16, 32, 16, fp32, True),
         ("random_n17_27b_dims", trees(17, 3), 1, 3, 128, 128, None, bf16, False),
-        # the tiny hybrid pair's GDN dims at a 120-node tree (BN = 128, the widest: MAX_WY_NODES)
-        ("random_n120_tiny_dims", trees(120, 3), 1, 2, 64, 64, None, bf16, True),
+        # the tiny hybrid pair's GDN dims at a 200-node tree (BN = 256, the widest: MAX_WY_NODES;
+        # the output launch in blocks of 64 rows)
+        ("random_n200_tiny_dims", trees(200, 3), 1, 2, 64, 64, None, bf16, True),
     ]
 
     def l2(x):  # SGLang's division-form l2-norm, eps 1e-6

@@ -672,13 +672,14 @@ def test_linear_replayssm_spec_needs_the_gdn_tree_patches(models, monkeypatch):
     ):
         with pytest.raises(DDTreeConfigError, match="verify-backend='flashinfer'; valid: triton"):
             _resolve(models, flag, *extra)
-    # the GDN tree kernel's widest tree (triton_tree_wy.MAX_WY_NODES): 128 passes, 129 is refused
-    # with the flag and passes without it
-    cfg, _ = _resolve(models, flag, "--speculative-num-draft-tokens", "128")
-    assert cfg.speculative_num_draft_tokens == 128
-    with pytest.raises(DDTreeConfigError, match="at most 128 tokens per request .* width of 129"):
-        _resolve(models, flag, "--speculative-num-draft-tokens", "129")
-    assert _resolve(models, "--speculative-num-draft-tokens", "129")[0].speculative_eagle_topk > 1
+    # the GDN tree kernel's widest tree (triton_tree_wy.MAX_WY_NODES): 256 passes, 257 is refused
+    # with the flag and passes without it (past 256 the mamba track interval must grow too)
+    cfg, _ = _resolve(models, flag, "--speculative-num-draft-tokens", "256")
+    assert cfg.speculative_num_draft_tokens == 256
+    wide = ("--speculative-num-draft-tokens", "257", "--mamba-track-interval", "512")
+    with pytest.raises(DDTreeConfigError, match="at most 256 tokens per request .* width of 257"):
+        _resolve(models, flag, *wide)
+    assert _resolve(models, *wide)[0].speculative_num_draft_tokens == 257
     # without the flag nothing about the patches is asked
     monkeypatch.setattr(config, "applied_patches", lambda: ())
     assert _resolve(models)[0].enable_linear_replayssm_spec is False

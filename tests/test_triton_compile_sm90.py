@@ -246,7 +246,11 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
     kernels = [
         (wy._wy_kkt_kernel, base | dict(BW=16, PREC=wy.WY_DOT_PRECISION), wy.KKT_WARPS),
         (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
-        (wy._wy_out_kernel, base | dict(DV=128, BV=bv, PREC=wy.WY_DOT_PRECISION), wy.WY_WARPS),
+        (
+            wy._wy_out_kernel,
+            base | dict(DV=128, BV=bv, PREC=wy.WY_DOT_PRECISION, TILED=False, RB=wy.TILE_ROWS),
+            wy.WY_WARPS,
+        ),
     ]
     for fn, consts, warps in kernels:
         asm = compile_sm90(
@@ -296,27 +300,33 @@ def test_commit_conv_states_kernel_compiles_for_sm90_unspecialised(conv_dtype):
     assert compile_sm90(ttc._commit_conv_states_kernel, consts, types=types)["cubin"]
 
 
-@pytest.mark.parametrize(
-    "dims", [(16, 48, 128), (1, 2, 64)]
-)  # (Hk, Hv, K = V): the 27B, the tiny pair
+# (Hk, Hv, K = V): the 27B shape's GDN, the tiny hybrid pair's
+@pytest.mark.parametrize("dims", [(16, 48, 128), (1, 2, 64)])
 def test_wy_output_launch_fits_an_h200_block_up_to_the_widest_tree(dims):
-    """MAX_WY_NODES: the output launch's shared memory fits an sm_90 block at the widest tree's
-    rows, and at twice as many it does not (its [BN, BN] blocks grow as BN^2)."""
+    """The output launch as the launcher sets it up fits an sm_90 block's shared memory at the
+    widest tree (MAX_WY_NODES: in blocks of TILE_ROWS rows) and at the widest one-tile launch
+    (MAX_ONE_TILE_NODES); holding a 256-row tree at once it would not (its [BN, BN] blocks grow as
+    BN^2: 256 KB with the H200's Triton 3.6), which is why wider trees go in blocks."""
     from sglang_spec.gdn import triton_tree_wy as wy
 
     hk, hv, d = dims
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr")
-    shared = {}
-    for bn in (wy.wy_block_rows(wy.MAX_WY_NODES), 2 * wy.wy_block_rows(wy.MAX_WY_NODES)):
+
+    def shared(bn: int, tiled: bool) -> int:
         consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
         consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d))
+        consts |= dict(PREC=wy.WY_DOT_PRECISION, TILED=tiled, RB=wy.TILE_ROWS)
         asm = compile_sm90(
             wy._wy_out_kernel,
-            consts | dict(PREC=wy.WY_DOT_PRECISION),
+            consts,
             ints_32=("N",),
             types={p: "*bf16" for p in bf16},
             options=dict(num_warps=wy.WY_WARPS),
         )
-        shared[bn] = asm["shared"]
-    widest, twice = shared.values()
-    assert widest <= SM90_MAX_SHARED < twice, shared
+        return asm["shared"]
+
+    widest = wy.wy_block_rows(wy.MAX_WY_NODES)
+    assert widest > wy.MAX_ONE_TILE_NODES
+    assert shared(widest, True) <= SM90_MAX_SHARED
+    assert shared(wy.MAX_ONE_TILE_NODES, False) <= SM90_MAX_SHARED
+    assert shared(256, False) > SM90_MAX_SHARED

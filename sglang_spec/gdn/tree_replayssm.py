@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TREE_VERIFY_BACKENDS = ("triton",)
 # triton_tree_wy.MAX_WY_NODES, which this module does not import (Triton): tests check they agree.
-MAX_TREE_WIDTH = 128
+MAX_TREE_WIDTH = 256
 
 
 def tree_replayssm_refusal(

@@ -35,6 +35,9 @@ float32 scratch row per request and value head (:func:`tree_wy_scratch`):
 - ``_wy_out_kernel``, one program per value tile of ``BV`` columns and request x value head, all
   ``BN`` nodes at once: ``S_0^T k`` and ``S_0^T q`` over ``K`` slices of the pool row, ``R``,
   ``U = T R`` and ``O = e^gamma S_0^T q + QK U``: no dependent steps, ``U`` never leaves registers.
+  Past ``MAX_ONE_TILE_NODES`` rows (whose ``[BN, BN]`` blocks would outgrow a block's shared
+  memory) it works in blocks of ``TILE_ROWS`` rows through a float32 buffer
+  (:func:`_wy_out_tiled`), up to ``MAX_WY_NODES`` nodes.
 
 Every ``tl.dot`` runs in ``WY_DOT_PRECISION`` (``tf32x3``: tensor cores, about float32's
 accuracy; on the H200 the outputs met the torch core to 1.3e-7 at the 27B shape,
@@ -74,12 +77,20 @@ WY_BLOCK_V = 32
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
 
-#: The most tree nodes (verify tokens per request) the launches take. The output launch holds all
-#: ``BN`` rows at once, its ``[BN, BN]`` float32 blocks of ``T`` and ``QK`` staged through shared
-#: memory: compiled for sm_90 it asks for 64 KB (Triton 3.6, the H200's; 96 KB with 3.8) at
-#: ``BN`` = 128 and 256 KB (320 KB) at 256, over the 227 KB a block may use on an H200, so no tree of
-#: more than 128 nodes could launch (session 27). Tiling its rows would lift this.
-MAX_WY_NODES = 128
+#: The most rows the output launch holds at once. Holding all ``BN`` rows, its ``[BN, BN]`` float32
+#: blocks of ``T`` and ``QK`` go through shared memory: compiled for sm_90 it asks for 20 KB at
+#: ``BN`` = 64 (Triton 3.6, the H200's), 64 KB at 128 (with 1.2 KB of spills) and 256 KB at 256,
+#: over the 227 KB a block may use on an H200 (session 27). Wider trees take it in blocks of
+#: ``TILE_ROWS`` rows (``_wy_out_tiled``, through a ``[bs * Hv, 3, BN, V]`` float32 buffer): 64 KB
+#: at any width, no spills at the tiny pair's dims. Budgets up to 63 (the 27B shape's) keep the
+#: one-tile launch, whose timings are measured.
+MAX_ONE_TILE_NODES = 64
+TILE_ROWS = 64
+
+#: The most tree nodes (verify tokens per request) the launches take: the widest the tests check
+#: (the tiled output launch compiles for sm_90 at 512 rows too; the solve launch's dependent steps
+#: grow with the rows).
+MAX_WY_NODES = 256
 
 WY_WARPS = 4
 
@@ -355,6 +366,128 @@ def _wy_solve_kernel(
 
 
 @triton.jit
+def _wy_out_tiled(
+    q_ptr, k_ptr, v_ptr, paths_ptr, s0_ptr, scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr, rows_ptr,
+    sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, ss_b, ss_h, ss_k, ss_v, srv_r, srv_h,
+    srv_n, N, b, hv, hk, bh, row,
+    W: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BKC: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, RING: tl.constexpr,
+    PREC: tl.constexpr, RB: tl.constexpr,
+):  # fmt: skip
+    """:func:`_wy_out_kernel`'s work in blocks of ``RB`` rows, for trees whose ``[BN, BN]`` blocks
+    of ``T`` and ``QK`` would not fit a block's shared memory at once: (1) per row block, ``R``
+    (``beta (v - e^gamma S_0^T k)``, 0 off every path) and ``e^gamma S_0^T q`` into the program's
+    rows of ``rows_ptr``; (2) ``U = T R`` block row by block row (``T`` is block lower triangular);
+    (3) ``O = e^gamma S_0^T q + QK U`` the same way. Each step reads what the one before wrote, from
+    other threads of the program: a barrier between them."""
+    offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
+    ok_v = offs_v < DV
+    block = tl.arange(0, RB)
+    if row < 0:  # an SGLang padding request: zeros out, nothing else read or written
+        for ib in range(0, BN, RB):
+            rows = ib + block
+            o_tile = o_ptr + ((b * N + rows[:, None]) * HV + hv) * DV + offs_v[None, :]
+            o_mask = (rows < N)[:, None] & ok_v[None, :]
+            tl.store(o_tile, tl.zeros((RB, BV), dtype=o_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        _wy_out_tiled_rows(
+            q_ptr + b * sq_b + hk * sq_h, k_ptr + b * sk_b + hk * sk_h, v_ptr, paths_ptr, s0_ptr,
+            scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr, rows_ptr, sq_n, sk_n, sv_b, sv_n, sv_h,
+            ss_b, ss_h, ss_k, ss_v, srv_r, srv_h, srv_n, N, b, hv, bh, row, offs_v, ok_v, W, HV,
+            DK, DV, BK, BKC, BV, BT, BN, RING, PREC, RB,
+        )  # fmt: skip
+
+
+@triton.jit
+def _wy_out_tiled_rows(
+    q_base, k_base, v_ptr, paths_ptr, s0_ptr, scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr, rows_ptr,
+    sq_n, sk_n, sv_b, sv_n, sv_h, ss_b, ss_h, ss_k, ss_v, srv_r, srv_h, srv_n, N, b, hv, bh, row,
+    offs_v, ok_v,
+    W: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BKC: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, RING: tl.constexpr,
+    PREC: tl.constexpr, RB: tl.constexpr,
+):  # fmt: skip
+    """:func:`_wy_out_tiled` for a real request (``row >= 0``; ``q_base``, ``k_base``: its key
+    head's rows)."""
+    block = tl.arange(0, RB)
+    t_ptr, qk_ptr, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr = _scratch_parts(scr_ptr, bh, BN)
+    r_buf = rows_ptr + bh.to(tl.int64) * (3 * BN * DV)
+    u_buf = r_buf + BN * DV
+    d_buf = u_buf + BN * DV
+    s0_base = s0_ptr + row * ss_b + hv * ss_h + offs_v[None, :] * ss_v
+    for jb in range(0, BN, RB):
+        rows = jb + block
+        ok_r = rows < N
+        ks = tl.zeros((RB, BV), dtype=tl.float32)
+        qs = tl.zeros((RB, BV), dtype=tl.float32)
+        for c in range(0, BK, BKC):
+            offs_k = c + tl.arange(0, BKC)
+            s0 = tl.load(
+                s0_base + offs_k[:, None] * ss_k,
+                mask=(offs_k < DK)[:, None] & ok_v[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            ks += tl.dot(_key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+            qs += tl.dot(_key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+        mask = ok_r[:, None] & ok_v[None, :]
+        v = tl.load(
+            v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
+            mask=mask,
+            other=0.0,
+        ).to(tl.float32)
+        if RING:  # the raw v, as SGLang's verify kernel stores it
+            ring_v = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
+            tl.store(
+                ring_v + rows[:, None] * srv_n + offs_v[None, :],
+                v.to(ring_v_ptr.dtype.element_ty),
+                mask=mask,
+            )
+        real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
+        decay = tl.exp(tl.load(gam_ptr + rows))
+        ks *= tl.load(ik_ptr + rows)[:, None]
+        qs *= tl.load(iq_ptr + rows)[:, None]
+        rhs = tl.where(
+            real[:, None], tl.load(beta_s_ptr + rows)[:, None] * (v - decay[:, None] * ks), 0.0
+        )
+        at = rows[:, None] * DV + offs_v[None, :]
+        tl.store(r_buf + at, rhs, mask=ok_v[None, :])
+        tl.store(d_buf + at, decay[:, None] * qs, mask=ok_v[None, :])
+    tl.debug_barrier()
+    for ib in range(0, BN, RB):
+        rows_i = ib + block
+        u = tl.zeros((RB, BV), dtype=tl.float32)
+        for jb in range(0, ib + RB, RB):
+            rows_j = jb + block
+            lower = (rows_i // BT)[:, None] >= (rows_j // BT)[None, :]
+            t = tl.load(t_ptr + rows_i[:, None] * BN + rows_j[None, :], mask=lower, other=0.0)
+            rhs = tl.load(
+                r_buf + rows_j[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0
+            )
+            u += tl.dot(t, rhs, input_precision=PREC)
+        tl.store(u_buf + rows_i[:, None] * DV + offs_v[None, :], u, mask=ok_v[None, :])
+    tl.debug_barrier()
+    for ib in range(0, BN, RB):
+        rows_i = ib + block
+        ok_r = rows_i < N
+        o = tl.load(d_buf + rows_i[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0)
+        for jb in range(0, ib + RB, RB):
+            rows_j = jb + block
+            lower = (rows_i // BT)[:, None] >= (rows_j // BT)[None, :]
+            qkm = tl.load(qk_ptr + rows_i[:, None] * BN + rows_j[None, :], mask=lower, other=0.0)
+            u = tl.load(
+                u_buf + rows_j[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0
+            )
+            o += tl.dot(qkm, u, input_precision=PREC)
+        real = tl.load(paths_ptr + (b * N + rows_i) * W, mask=ok_r, other=-1) >= 0
+        o_tile = o_ptr + ((b * N + rows_i[:, None]) * HV + hv) * DV + offs_v[None, :]
+        tl.store(
+            o_tile,
+            tl.where(real[:, None], o, 0.0).to(o_ptr.dtype.element_ty),
+            mask=ok_r[:, None] & ok_v[None, :],
+        )
+
+
+@triton.jit
 def _wy_out_kernel(
     q_ptr,
     k_ptr,
@@ -366,6 +499,7 @@ def _wy_out_kernel(
     o_ptr,
     ring_v_ptr,  # RING only: [R, Hv, N, V]
     ring_rows_ptr,  # RING: the ring row per request
+    rows_ptr,  # TILED only: [bs * Hv, 3, BN, DV] float32, rhs / U / e^gamma S_0^T q by row
     sq_b,
     sq_n,
     sq_h,
@@ -396,10 +530,13 @@ def _wy_out_kernel(
     SGLANG: tl.constexpr,
     RING: tl.constexpr,
     PREC: tl.constexpr,
+    TILED: tl.constexpr,
+    RB: tl.constexpr,
 ):
     """``U = T R`` and ``O = e^gamma S_0^T q + QK U`` of one value tile of one request x value head
     for all ``BN`` nodes at once, no dependent steps (grid: value tiles x requests*value heads);
-    ``RING``: the tile's columns of the raw ``v`` in the ring."""
+    ``RING``: the tile's columns of the raw ``v`` in the ring. ``TILED`` (``BN`` past
+    ``MAX_ONE_TILE_NODES``): the same in blocks of ``RB`` rows (:func:`_wy_out_tiled`)."""
     bh = tl.program_id(1)
     b = bh // HV
     hv = bh % HV
@@ -408,6 +545,14 @@ def _wy_out_kernel(
         row = tl.load(s0_rows_ptr + b).to(tl.int64)
     else:
         row = b.to(tl.int64)
+    if TILED:
+        _wy_out_tiled(
+            q_ptr, k_ptr, v_ptr, paths_ptr, s0_ptr, scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr,
+            rows_ptr, sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, ss_b, ss_h, ss_k,
+            ss_v, srv_r, srv_h, srv_n, N, b, hv, hk, bh, row, W, HV, DK, DV, BK, BKC, BV, BT, BN,
+            RING, PREC, RB,
+        )  # fmt: skip
+        return
     rows = tl.arange(0, BN)
     ok_r = rows < N
     offs_v = tl.program_id(0) * BV + tl.arange(0, BV)
@@ -588,6 +733,10 @@ def launch_wy_kernels(
             num_warps=KKT_WARPS,
         )
     bv = choose_wy_block_v(dv, block_v)
+    tiled = bn > MAX_ONE_TILE_NODES
+    by_row = (
+        torch.empty(bs * hv, 3, bn, dv, dtype=torch.float32, device=o.device) if tiled else o
+    )  # o: an unread placeholder
     _wy_out_kernel[(triton.cdiv(dv, bv), bs * hv)](
         q,
         k,
@@ -599,6 +748,7 @@ def launch_wy_kernels(
         o,
         ring_v,
         ring_rows,
+        by_row,
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],
@@ -608,6 +758,8 @@ def launch_wy_kernels(
         DV=dv,
         BV=bv,
         PREC=WY_DOT_PRECISION,
+        TILED=tiled,
+        RB=TILE_ROWS,
         num_warps=num_warps or WY_WARPS,
         **consts,
     )
