@@ -366,6 +366,43 @@ def _wy_solve_kernel(
 
 
 @triton.jit
+def _node_terms(
+    k_base, q_base, s0_base, v_base, ring_base, paths_base, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr,
+    rows, ok_r, offs_v, ok_v, sk_n, sq_n, sv_n, ss_k, srv_n,
+    W: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
+    ROWS: tl.constexpr, RING: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """The output launch's per-node terms of ``ROWS`` rows ``rows`` of one value tile: whether each
+    is a real node, ``e^gamma``, ``e^gamma S_0^T q`` (scaled) and ``R = beta (v - e^gamma S_0^T k)``
+    (0 off every path); ``RING``: their raw ``v`` into the ring at ``ring_base``."""
+    ks = tl.zeros((ROWS, BV), dtype=tl.float32)  # S_0^T k and S_0^T q of every node
+    qs = tl.zeros((ROWS, BV), dtype=tl.float32)
+    for c in range(0, BK, BKC):
+        offs_k = c + tl.arange(0, BKC)
+        s0 = tl.load(
+            s0_base + offs_k[:, None] * ss_k, mask=(offs_k < DK)[:, None] & ok_v[None, :], other=0.0
+        ).to(tl.float32)
+        ks += tl.dot(_key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+        qs += tl.dot(_key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
+    mask = ok_r[:, None] & ok_v[None, :]
+    v = tl.load(v_base + rows[:, None] * sv_n + offs_v[None, :], mask=mask, other=0.0)
+    v = v.to(tl.float32)
+    if RING:  # the raw v, as SGLang's verify kernel stores it
+        tl.store(
+            ring_base + rows[:, None] * srv_n + offs_v[None, :],
+            v.to(ring_base.dtype.element_ty),
+            mask=mask,
+        )
+    real = tl.load(paths_base + rows * W, mask=ok_r, other=-1) >= 0
+    decay = tl.exp(tl.load(gam_ptr + rows))
+    beta = tl.load(beta_s_ptr + rows)
+    ks *= tl.load(ik_ptr + rows)[:, None]
+    qs *= tl.load(iq_ptr + rows)[:, None]
+    rhs = tl.where(real[:, None], beta[:, None] * (v - decay[:, None] * ks), 0.0)
+    return real, decay[:, None] * qs, rhs
+
+
+@triton.jit
 def _wy_out_tiled(
     q_ptr, k_ptr, v_ptr, paths_ptr, s0_ptr, scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr, rows_ptr,
     sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, ss_b, ss_h, ss_k, ss_v, srv_r, srv_h,
@@ -415,43 +452,20 @@ def _wy_out_tiled_rows(
     u_buf = r_buf + BN * DV
     d_buf = u_buf + BN * DV
     s0_base = s0_ptr + row * ss_b + hv * ss_h + offs_v[None, :] * ss_v
+    v_base = v_ptr + b * sv_b + hv * sv_h
+    ring_base = v_base  # unread without the ring
+    if RING:
+        ring_base = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
     for jb in range(0, BN, RB):
         rows = jb + block
-        ok_r = rows < N
-        ks = tl.zeros((RB, BV), dtype=tl.float32)
-        qs = tl.zeros((RB, BV), dtype=tl.float32)
-        for c in range(0, BK, BKC):
-            offs_k = c + tl.arange(0, BKC)
-            s0 = tl.load(
-                s0_base + offs_k[:, None] * ss_k,
-                mask=(offs_k < DK)[:, None] & ok_v[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            ks += tl.dot(_key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
-            qs += tl.dot(_key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
-        mask = ok_r[:, None] & ok_v[None, :]
-        v = tl.load(
-            v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
-            mask=mask,
-            other=0.0,
-        ).to(tl.float32)
-        if RING:  # the raw v, as SGLang's verify kernel stores it
-            ring_v = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
-            tl.store(
-                ring_v + rows[:, None] * srv_n + offs_v[None, :],
-                v.to(ring_v_ptr.dtype.element_ty),
-                mask=mask,
-            )
-        real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
-        decay = tl.exp(tl.load(gam_ptr + rows))
-        ks *= tl.load(ik_ptr + rows)[:, None]
-        qs *= tl.load(iq_ptr + rows)[:, None]
-        rhs = tl.where(
-            real[:, None], tl.load(beta_s_ptr + rows)[:, None] * (v - decay[:, None] * ks), 0.0
-        )
+        _, dq, rhs = _node_terms(
+            k_base, q_base, s0_base, v_base, ring_base, paths_ptr + b * N * W, gam_ptr,
+            beta_s_ptr, ik_ptr, iq_ptr, rows, rows < N, offs_v, ok_v, sk_n, sq_n, sv_n, ss_k,
+            srv_n, W, DK, BK, BKC, BV, RB, RING, PREC,
+        )  # fmt: skip
         at = rows[:, None] * DV + offs_v[None, :]
         tl.store(r_buf + at, rhs, mask=ok_v[None, :])
-        tl.store(d_buf + at, decay[:, None] * qs, mask=ok_v[None, :])
+        tl.store(d_buf + at, dq, mask=ok_v[None, :])
     tl.debug_barrier()
     for ib in range(0, BN, RB):
         rows_i = ib + block
@@ -563,41 +577,21 @@ def _wy_out_kernel(
         tl.store(o_tile, tl.zeros((BN, BV), dtype=o_ptr.dtype.element_ty), mask=o_mask)
         return
     t_ptr, qk_ptr, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr = _scratch_parts(scr_ptr, bh, BN)
-    k_base = k_ptr + b * sk_b + hk * sk_h
-    q_base = q_ptr + b * sq_b + hk * sq_h
     s0_base = s0_ptr + row * ss_b + hv * ss_h + offs_v[None, :] * ss_v
-    ks = tl.zeros((BN, BV), dtype=tl.float32)  # S_0^T k and S_0^T q of every node
-    qs = tl.zeros((BN, BV), dtype=tl.float32)
-    for c in range(0, BK, BKC):
-        offs_k = c + tl.arange(0, BKC)
-        s0 = tl.load(
-            s0_base + offs_k[:, None] * ss_k, mask=(offs_k < DK)[:, None] & ok_v[None, :], other=0.0
-        ).to(tl.float32)
-        ks += tl.dot(_key_rows(k_base, rows, sk_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
-        qs += tl.dot(_key_rows(q_base, rows, sq_n, ok_r, c, DK, BKC), s0, input_precision=PREC)
-    v = tl.load(
-        v_ptr + b * sv_b + hv * sv_h + rows[:, None] * sv_n + offs_v[None, :],
-        mask=o_mask,
-        other=0.0,
-    ).to(tl.float32)
-    if RING:  # the raw v, as SGLang's verify kernel stores it
-        ring_v = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
-        tl.store(
-            ring_v + rows[:, None] * srv_n + offs_v[None, :],
-            v.to(ring_v_ptr.dtype.element_ty),
-            mask=o_mask,
-        )
-    real = tl.load(paths_ptr + (b * N + rows) * W, mask=ok_r, other=-1) >= 0
-    decay = tl.exp(tl.load(gam_ptr + rows))
-    beta = tl.load(beta_s_ptr + rows)
-    ks *= tl.load(ik_ptr + rows)[:, None]
-    qs *= tl.load(iq_ptr + rows)[:, None]
-    rhs = tl.where(real[:, None], beta[:, None] * (v - decay[:, None] * ks), 0.0)
+    v_base = v_ptr + b * sv_b + hv * sv_h
+    ring_base = v_base  # unread without the ring
+    if RING:
+        ring_base = ring_v_ptr + tl.load(ring_rows_ptr + b).to(tl.int64) * srv_r + hv * srv_h
+    real, dq, rhs = _node_terms(
+        k_ptr + b * sk_b + hk * sk_h, q_ptr + b * sq_b + hk * sq_h, s0_base, v_base, ring_base,
+        paths_ptr + b * N * W, gam_ptr, beta_s_ptr, ik_ptr, iq_ptr, rows, ok_r, offs_v, ok_v,
+        sk_n, sq_n, sv_n, ss_k, srv_n, W, DK, BK, BKC, BV, BN, RING, PREC,
+    )  # fmt: skip
     lower = (rows // BT)[:, None] >= (rows // BT)[None, :]  # the blocks the kkt launch wrote
     t = tl.load(t_ptr + rows[:, None] * BN + rows[None, :], mask=lower, other=0.0)
     u = tl.dot(t, rhs, input_precision=PREC)
     qkm = tl.load(qk_ptr + rows[:, None] * BN + rows[None, :], mask=lower, other=0.0)
-    o = decay[:, None] * qs + tl.dot(qkm, u, input_precision=PREC)
+    o = dq + tl.dot(qkm, u, input_precision=PREC)
     tl.store(o_tile, tl.where(real[:, None], o, 0.0).to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
