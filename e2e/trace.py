@@ -1,7 +1,8 @@
 """A torch-profiler trace of a few decode steps (SGLang's ``/start_profile``), read offline on a CPU.
 
 ``python -m e2e.trace TRACE.trace.json.gz --steps N`` prints the top GPU kernels by time (the rest
-summed in one row) and says whether the steps replay CUDA graphs. Every GPU activity in a Kineto
+summed in one row) and says whether the steps replay CUDA graphs; ``--vs OTHER`` also sets the host
+time inside ``run_batch`` against another trace's, operator by operator (``host_delta``). Every GPU activity in a Kineto
 trace carries the ``correlation`` id of the host call that launched it: a kernel whose launch is
 ``cudaGraphLaunch`` ran inside a replayed graph, one launched by ``cudaLaunchKernel`` /
 ``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least
@@ -208,9 +209,9 @@ CUDA_CALLS = ("cuda_runtime", "cuda_driver")
 LAUNCHES = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
-def host_time(events: list[dict], top: int = 15) -> dict | None:
+def host_time(events: list[dict], top: int | None = 15) -> dict | None:
     """Where the host's time goes inside SGLang's ``scheduler.run_batch`` spans (module
-    docstring), or None for a trace without them."""
+    docstring), or None for a trace without them; ``top`` operators (None: all)."""
     spans = [
         e
         for e in events
@@ -492,19 +493,96 @@ def record_decode_trace(
     return summary
 
 
+def host_delta(a: dict, b: dict, top: int = 15) -> dict:
+    """Two traces' :func:`host_time` (all operators) side by side, ``a`` against ``b``: the span
+    and its parts, the pieces between graph launches where both have the same pieces, and the
+    ``top`` operators by how much more host time a span of ``a`` spends in them (both ways)."""
+    totals = {
+        key: (a[key], b[key]) for key in ("median_ms", "ops_ms", "launch_calls_ms", "python_ms")
+    }
+    pieces = None
+    if [x["segment"] for x in a["segments"]] == [x["segment"] for x in b["segments"]]:
+        pieces = [
+            {"segment": x["segment"], "a_ms": x["median_ms"], "b_ms": y["median_ms"]}
+            for x, y in zip(a["segments"], b["segments"], strict=True)
+        ]
+    ops_a = {o["op"]: o for o in a["ops"]}
+    ops_b = {o["op"]: o for o in b["ops"]}
+    rows = []
+    for name in ops_a.keys() | ops_b.keys():
+        x, y = ops_a.get(name, {}), ops_b.get(name, {})
+        rows.append(
+            {
+                "op": name,
+                "a_ms": x.get("ms_per_span", 0.0),
+                "b_ms": y.get("ms_per_span", 0.0),
+                "a_calls": x.get("calls_per_span", 0.0),
+                "b_calls": y.get("calls_per_span", 0.0),
+            }
+        )
+    rows.sort(key=lambda r: (-abs(r["a_ms"] - r["b_ms"]), r["op"]))
+    return {"totals": totals, "pieces": pieces, "ops": rows[:top]}
+
+
+def delta_markdown(d: dict, a: str, b: str) -> str:
+    """:func:`host_delta`'s tables, the traces named ``a`` and ``b`` above them, A and B in them."""
+    t = d["totals"]
+    lines = [
+        f"Host time inside `{RUN_BATCH}`, A = `{a}` against B = `{b}` (medians, ms a span):",
+        "",
+        "| part | A | B | A - B |",
+        "|---|---|---|---|",
+    ]
+    names = {"median_ms": "the span", "ops_ms": "host operators"}
+    names |= {"launch_calls_ms": "CUDA calls outside them", "python_ms": "the rest (Python)"}
+    for key, (x, y) in t.items():
+        lines.append(f"| {names[key]} | {x:.3f} | {y:.3f} | {x - y:+.3f} |")
+    for piece in d["pieces"] or []:
+        x, y = piece["a_ms"], piece["b_ms"]
+        lines.append(f"| {piece['segment']} | {x:.3f} | {y:.3f} | {x - y:+.3f} |")
+    lines += ["", "| host operator | A ms (calls) | B ms (calls) | A - B |"]
+    lines.append("|---|---|---|---|")
+    for r in d["ops"]:
+        lines.append(
+            f"| `{_short(r['op'])}` | {r['a_ms']:.3f} ({r['a_calls']:.1f}) | "
+            f"{r['b_ms']:.3f} ({r['b_calls']:.1f}) | {r['a_ms'] - r['b_ms']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.trace", description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path, help="a *.trace.json[.gz] written by SGLang's profiler")
     ap.add_argument("--steps", type=int, required=True, help="decode steps the trace holds")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument(
+        "--vs",
+        type=Path,
+        metavar="TRACE",
+        help="also compare the host time inside run_batch with this trace's, operator by operator "
+        "(e.g. a DDTREE step against DFLASH's: where its extra milliseconds go)",
+    )
     args = ap.parse_args(argv)
-    if not args.trace.is_file():
-        print(f"python -m e2e.trace: no such file {args.trace}", file=sys.stderr)
-        return 2
+    for path in (args.trace, args.vs):
+        if path is not None and not path.is_file():
+            print(f"python -m e2e.trace: no such file {path}", file=sys.stderr)
+            return 2
     if args.steps < 1 or args.top < 1:
         print("python -m e2e.trace: --steps and --top must be >= 1", file=sys.stderr)
         return 2
-    print(markdown(summarize(load_events(args.trace), args.steps, args.top)))
+    events = load_events(args.trace)
+    print(markdown(summarize(events, args.steps, args.top)))
+    if args.vs is not None:
+        a, b = host_time(events, top=None), host_time(load_events(args.vs), top=None)
+        if a is None or b is None:
+            print(
+                f"python -m e2e.trace: no {RUN_BATCH} spans in "
+                f"{args.trace if a is None else args.vs}; valid: a trace of SGLang's scheduler",
+                file=sys.stderr,
+            )
+            return 2
+        print()
+        print(delta_markdown(host_delta(a, b, args.top), args.trace.name, args.vs.name))
     return 0
 
 

@@ -330,6 +330,51 @@ def test_host_time_cuts_run_batch_at_its_graph_launches_and_sums_its_operators()
     assert trace.host_time(_events(2, 20.0, 2.0)) is None
 
 
+def test_host_delta_sets_two_traces_host_time_side_by_side(tmp_path, capsys):
+    """--vs: the span and its parts, the pieces between graph launches when both traces have the
+    same ones, and the operators by how much more time a span of A spends in them (an operator
+    only one trace has counts as 0 in the other), A - B."""
+    import gzip
+
+    a = _host_step(0, graphs=2) + _host_step(5000, graphs=2)
+    b = [e for e in a if e.get("name") != "aten::add"]  # B: no aten::add, but an aten::abs
+    b += [{**e, "name": "aten::abs", "ts": e["ts"] + 900, "dur": 10} for e in b[1:2]]
+    b += [{**e, "name": "aten::abs", "ts": e["ts"] + 5900, "dur": 10} for e in b[1:2]]
+    d = trace.host_delta(trace.host_time(a, top=None), trace.host_time(b, top=None))
+    assert d["totals"]["ops_ms"] == (pytest.approx(0.22), pytest.approx(0.11))
+    # without the operator around them, B's two 5 us launches are CUDA calls outside operators
+    assert d["totals"]["launch_calls_ms"] == (pytest.approx(0.072), pytest.approx(0.082))
+    assert d["totals"]["python_ms"][1] == pytest.approx(1.0 - 0.11 - 0.082)
+    assert [p["segment"] for p in d["pieces"]][-1] == "after the last graph launch"
+    assert d["ops"][0] == {
+        "op": "aten::add",
+        "a_ms": pytest.approx(0.12),
+        "b_ms": 0.0,
+        "a_calls": 2.0,
+        "b_calls": 0.0,
+    }
+    # by the size of the difference, not by name: aten::abs (B only, 0.01) before aten::index (0)
+    assert [r["op"] for r in d["ops"]] == ["aten::add", "aten::abs", "aten::index"]
+    assert d["ops"][2]["a_ms"] == d["ops"][2]["b_ms"]
+    one_graph = trace.host_time(_host_step(0, graphs=1), top=None)
+    assert trace.host_delta(trace.host_time(a, top=None), one_graph)["pieces"] is None
+    paths = []
+    for name, ev in (("a-TP-0-DECODE.trace.json.gz", a), ("b-TP-0-DECODE.trace.json.gz", b)):
+        paths.append(tmp_path / name)
+        with gzip.open(paths[-1], "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+    assert trace.main([str(paths[0]), "--steps", "2", "--vs", str(paths[1])]) == 0
+    out = capsys.readouterr().out
+    assert "A = `a-TP-0-DECODE.trace.json.gz` against B = `b-TP-0-DECODE.trace.json.gz`" in out
+    assert "| host operators | 0.220 | 0.110 | +0.110 |" in out
+    assert "| `aten::add` | 0.120 (2.0) | 0.000 (0.0) | +0.120 |" in out
+    assert trace.main([str(paths[0]), "--steps", "2", "--vs", str(tmp_path / "nope")]) == 2
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"traceEvents": _events(2, 20.0, 2.0)}))
+    assert trace.main([str(paths[0]), "--steps", "2", "--vs", str(bare)]) == 2
+    assert "no scheduler.run_batch spans in" in capsys.readouterr().err
+
+
 def test_trace_cli(tmp_path, capsys):
     import gzip
 
