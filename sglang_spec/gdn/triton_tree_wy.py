@@ -436,6 +436,23 @@ def _wy_out_tiled(
 
 
 @triton.jit
+def _lower_block_row(
+    m_ptr, x_buf, acc, rows_i, ib, block, offs_v, ok_v,
+    BN: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, RB: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``acc`` plus block row ``rows_i`` of ``M X``, ``M`` a block lower triangular ``[BN, BN]``
+    matrix of the scratch (``T`` or ``QK``, only the blocks the kkt launch wrote are read) and ``X``
+    the ``[BN, DV]`` rows of ``x_buf`` (this program's value tile)."""
+    for jb in range(0, ib + RB, RB):
+        rows_j = jb + block
+        lower = (rows_i // BT)[:, None] >= (rows_j // BT)[None, :]
+        m = tl.load(m_ptr + rows_i[:, None] * BN + rows_j[None, :], mask=lower, other=0.0)
+        x = tl.load(x_buf + rows_j[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0)
+        acc += tl.dot(m, x, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def _wy_out_tiled_rows(
     q_base, k_base, v_ptr, paths_ptr, s0_ptr, scr_ptr, o_ptr, ring_v_ptr, ring_rows_ptr, rows_ptr,
     sq_n, sk_n, sv_b, sv_n, sv_h, ss_b, ss_h, ss_k, ss_v, srv_r, srv_h, srv_n, N, b, hv, bh, row,
@@ -469,29 +486,16 @@ def _wy_out_tiled_rows(
     tl.debug_barrier()
     for ib in range(0, BN, RB):
         rows_i = ib + block
-        u = tl.zeros((RB, BV), dtype=tl.float32)
-        for jb in range(0, ib + RB, RB):
-            rows_j = jb + block
-            lower = (rows_i // BT)[:, None] >= (rows_j // BT)[None, :]
-            t = tl.load(t_ptr + rows_i[:, None] * BN + rows_j[None, :], mask=lower, other=0.0)
-            rhs = tl.load(
-                r_buf + rows_j[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0
-            )
-            u += tl.dot(t, rhs, input_precision=PREC)
+        u = _lower_block_row(t_ptr, r_buf, tl.zeros((RB, BV), dtype=tl.float32), rows_i, ib, block,
+                             offs_v, ok_v, BN, DV, BT, RB, PREC)  # fmt: skip
         tl.store(u_buf + rows_i[:, None] * DV + offs_v[None, :], u, mask=ok_v[None, :])
     tl.debug_barrier()
     for ib in range(0, BN, RB):
         rows_i = ib + block
         ok_r = rows_i < N
         o = tl.load(d_buf + rows_i[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0)
-        for jb in range(0, ib + RB, RB):
-            rows_j = jb + block
-            lower = (rows_i // BT)[:, None] >= (rows_j // BT)[None, :]
-            qkm = tl.load(qk_ptr + rows_i[:, None] * BN + rows_j[None, :], mask=lower, other=0.0)
-            u = tl.load(
-                u_buf + rows_j[:, None] * DV + offs_v[None, :], mask=ok_v[None, :], other=0.0
-            )
-            o += tl.dot(qkm, u, input_precision=PREC)
+        o = _lower_block_row(qk_ptr, u_buf, o, rows_i, ib, block, offs_v, ok_v, BN, DV, BT, RB,
+                             PREC)  # fmt: skip
         real = tl.load(paths_ptr + (b * N + rows_i) * W, mask=ok_r, other=-1) >= 0
         o_tile = o_ptr + ((b * N + rows_i[:, None]) * HV + hv) * DV + offs_v[None, :]
         tl.store(
