@@ -42,8 +42,6 @@ from e2e import kit
 from e2e.tiny_pair import parse_server
 
 NEAR_BEST = 0.95  # the bar: within 5 % of the best fixed budget
-
-
 STEP_FIELDS = ("tokens_per_step", "median_chunk_gap_ms")  # the second table's, when recorded
 
 
@@ -144,42 +142,40 @@ def verdict(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
             and ratios["ar"]["median"] >= 1.0
             and ratios["best_fixed"]["median"] >= NEAR_BEST,
         }
-        if ar_steps(passes, ar) and all(
-            lv[s].get(f) for lv in passes for s in servers for f in STEP_FIELDS
-        ):
-            row["steps"] = _steps(passes, servers, adaptive, dflash, per_pass)
+        steps = [{s: step_values(lv[s], s == ar) for s in servers} for lv in passes]
+        if all(v is not None for st in steps for v in st.values()):
+            row["steps"] = _steps(steps, servers, adaptive, dflash, per_pass)
         rows.append(row)
     return rows
 
 
-def ar_steps(passes: list[dict], ar: str) -> bool:
-    """Give the AR server's levels their one token per step (its records carry none); False when
-    a level has no chunk gap to go with it."""
-    for lv in passes:
-        if lv[ar].get(STEP_FIELDS[0]) is None:
-            lv[ar] = {**lv[ar], STEP_FIELDS[0]: 1.0}
-    return all(lv[ar].get(STEP_FIELDS[1]) for lv in passes)
+def step_values(level: dict, ar: bool) -> tuple[float, float] | None:
+    """A level's (tokens per step, median chunk gap), or None when it did not record them (an AR
+    server's records carry no tokens per step: one)."""
+    tau, gap = (level.get(f) for f in STEP_FIELDS)
+    if tau is None and ar:
+        tau = 1.0
+    return (float(tau), float(gap)) if tau and gap else None
 
 
-def _steps(passes: list[dict], servers, adaptive: str, dflash: str, per_pass) -> dict:
-    """Medians over the passes of each server's tokens per step and chunk gap, and of the adaptive
-    server's ratios over DFLASH and over each pass's best fixed budget as (tokens per step, step
-    rate) factors."""
-    tau, gap = STEP_FIELDS
+def _steps(steps: list[dict], servers, adaptive: str, dflash: str, per_pass) -> dict:
+    """Medians over the passes (``steps``: per pass, each server's :func:`step_values`) of each
+    server's tokens per step and chunk gap, and of the adaptive server's ratios over DFLASH and
+    over each pass's best fixed budget as (tokens per step, step rate) factors."""
 
     def split(others: list[str]) -> dict:  # the server compared with, pass by pass
-        pairs = [(lv[adaptive], lv[o]) for lv, o in zip(passes, others, strict=True)]
+        pairs = [(st[adaptive], st[o]) for st, o in zip(steps, others, strict=True)]
         return {
-            "tokens_per_step": statistics.median(float(a[tau]) / float(o[tau]) for a, o in pairs),
-            "step_rate": statistics.median(float(o[gap]) / float(a[gap]) for a, o in pairs),
+            "tokens_per_step": statistics.median(a[0] / o[0] for a, o in pairs),
+            "step_rate": statistics.median(o[1] / a[1] for a, o in pairs),
         }
 
     return {
         "per_server": {
-            s: {f: statistics.median(float(lv[s][f]) for lv in passes) for f in STEP_FIELDS}
+            s: {f: statistics.median(st[s][i] for st in steps) for i, f in enumerate(STEP_FIELDS)}
             for s in servers
         },
-        "adaptive_over_dflash": split([dflash] * len(passes)),
+        "adaptive_over_dflash": split([dflash] * len(steps)),
         "adaptive_over_best_fixed": split([p["best"] for p in per_pass]),
     }
 
