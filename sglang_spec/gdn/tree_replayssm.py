@@ -12,7 +12,8 @@ verify backend must be Triton (the FlashInfer / CuTe DSL verify kernels are chai
 from __future__ import annotations
 
 TREE_VERIFY_BACKENDS = ("triton",)
-# triton_tree_wy.MAX_WY_NODES, which this module does not import (Triton): tests check they agree.
+# The widest tree the GDN tree verify's kernels take (triton_tree_wy.MAX_WY_NODES, which reads it
+# here: this module, read by the patched pool and the plug-in's checks, imports no Triton).
 MAX_TREE_WIDTH = 256
 
 

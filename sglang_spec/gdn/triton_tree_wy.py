@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 
 from .recurrence_inputs import check_inputs
+from .tree_replayssm import MAX_TREE_WIDTH
 from .triton_tree_recurrence import _sglang_beta, _sglang_g
 
 #: Rows per block of the solve (``tl.dot``'s smallest tile).
@@ -89,8 +90,8 @@ TILE_ROWS = 64
 
 #: The most tree nodes (verify tokens per request) the launches take: the widest the tests check
 #: (the tiled output launch compiles for sm_90 at 512 rows too; the solve launch's dependent steps
-#: grow with the rows).
-MAX_WY_NODES = 256
+#: grow with the rows). One number with the start-up refusal's (``tree_replayssm``).
+MAX_WY_NODES = MAX_TREE_WIDTH
 
 WY_WARPS = 4
 
