@@ -5,8 +5,8 @@ summed in one row) and says whether the steps replay CUDA graphs; ``--vs OTHER``
 time inside ``run_batch`` against another trace's, operator by operator (``host_delta``).
 
 Every GPU activity in a Kineto trace carries the ``correlation`` id of the host call that
-launched it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched by ``cudaLaunchKernel`` /
-``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least
+launched it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched
+by ``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least
 one graph launch per step and (b) graph-launched work holding the majority of the steps' GPU time:
 for a real-scale target the verify forward (all target layers at the verify width) is by far the
 largest part of a step, so a verify that ran eagerly -- graphs only for the drafter's few layers --
