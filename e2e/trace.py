@@ -6,9 +6,9 @@ time inside ``run_batch`` against another trace's, operator by operator (``host_
 
 Every GPU activity in a Kineto trace carries the ``correlation`` id of the host call that
 launched it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched
-by ``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran eagerly. The verdict ``verify_graph_replayed`` needs (a) at least
-one graph launch per step and (b) graph-launched work holding the majority of the steps' GPU time:
-for a real-scale target the verify forward (all target layers at the verify width) is by far the
+by ``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran eagerly. The verdict
+``verify_graph_replayed`` needs (a) at least one graph launch per step and (b) graph-launched work
+holding the majority of the steps' GPU time: for a real-scale target the verify forward (all target layers at the verify width) is by far the
 largest part of a step, so a verify that ran eagerly -- graphs only for the drafter's few layers --
 cannot pass (b), while the eager work around a replayed verify (top-K, tree build, walk, commit) can
 stay a minority.
