@@ -4,14 +4,14 @@
 summed in one row) and says whether the steps replay CUDA graphs; ``--vs OTHER`` also sets the host
 time inside ``run_batch`` against another trace's, operator by operator (``host_delta``).
 
-Every GPU activity in a Kineto trace carries the ``correlation`` id of the host call that
-launched it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched
-by ``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran eagerly. The verdict
+Every GPU activity in a Kineto trace carries the ``correlation`` id of the host call that launched
+it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched by
+``cudaLaunchKernel`` / ``cuLaunchKernel`` (Triton) ran eagerly. The verdict
 ``verify_graph_replayed`` needs (a) at least one graph launch per step and (b) graph-launched work
-holding the majority of the steps' GPU time: for a real-scale target the verify forward (all target layers at the verify width) is by far the
-largest part of a step, so a verify that ran eagerly -- graphs only for the drafter's few layers --
-cannot pass (b), while the eager work around a replayed verify (top-K, tree build, walk, commit) can
-stay a minority.
+holding the majority of the steps' GPU time: for a real-scale target the verify forward (all target
+layers at the verify width) is by far the largest part of a step, so a verify that ran eagerly --
+graphs only for the drafter's few layers -- cannot pass (b), while the eager work around a replayed
+verify (top-K, tree build, walk, commit) can stay a minority.
 
 Per captured CUDA graph (``graphs``; the verify's and the drafter's differ in how many GPU
 activities one replay runs): replays per step, GPU ms per replay and its top kernels.
