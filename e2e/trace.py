@@ -2,7 +2,8 @@
 
 ``python -m e2e.trace TRACE.trace.json.gz --steps N`` prints the top GPU kernels by time (the rest
 summed in one row) and says whether the steps replay CUDA graphs; ``--vs OTHER`` also sets the host
-time inside ``run_batch`` against another trace's, operator by operator (``host_delta``).
+time inside ``run_batch`` against another trace's, operator by operator (``host_delta``);
+``--sequence`` lists one step's launches in host order with their operators (``launch_sequence``).
 
 Every GPU activity in a Kineto trace carries the ``correlation`` id of the host call that launched
 it: a kernel whose launch is ``cudaGraphLaunch`` ran inside a replayed graph, one launched by
@@ -213,22 +214,11 @@ LAUNCHES = (*KERNEL_LAUNCHES, "cudaMemcpyAsync", "cudaMemsetAsync")
 def host_time(events: list[dict], top: int | None = 15) -> dict | None:
     """Where the host's time goes inside SGLang's ``scheduler.run_batch`` spans (module
     docstring), or None for a trace without them; ``top`` operators (None: all)."""
-    spans = [
-        e
-        for e in events
-        if e.get("cat") == "user_annotation" and e.get("name") == RUN_BATCH and "dur" in e
-    ]
-    if not spans or any("ts" not in e for e in spans):
+    usual = _usual_spans(events)
+    if usual is None:
         return None
-    threads = {(e.get("pid"), e.get("tid")) for e in spans}
-    calls = sorted(
-        (e for e in events if e.get("cat") in CUDA_CALLS and "ts" in e and _on(e, threads)),
-        key=lambda e: float(e["ts"]),
-    )
-    outer = _outermost_ops([e for e in events if _on(e, threads)])
-    per_span = [_span_host_time(span, calls, outer) for span in spans]
-    modal = statistics.mode(len(p["graph_ms"]) for p in per_span)
-    same = [p for p in per_span if len(p["graph_ms"]) == modal]
+    spans, same, _, _ = usual
+    modal = len(same[0]["graph_ms"])
     segments = []
     for i in range(modal + 1):
         where = "before the first graph launch" if i == 0 else f"after graph launch {i}"
@@ -269,6 +259,86 @@ def host_time(events: list[dict], top: int | None = 15) -> dict | None:
             for name, (ms, count) in ranked[:top]
         ],
     }
+
+
+def _usual_spans(events: list[dict]) -> tuple[list, list[dict], list[dict], dict] | None:
+    """The ``run_batch`` spans, the :func:`_span_host_time` of those with the most common number
+    of graph launches (with their spans under ``"span"``), the CUDA calls on the spans' threads in
+    time order and their outermost operators; None for a trace without such spans."""
+    spans = [
+        e
+        for e in events
+        if e.get("cat") == "user_annotation" and e.get("name") == RUN_BATCH and "dur" in e
+    ]
+    if not spans or any("ts" not in e for e in spans):
+        return None
+    threads = {(e.get("pid"), e.get("tid")) for e in spans}
+    calls = sorted(
+        (e for e in events if e.get("cat") in CUDA_CALLS and "ts" in e and _on(e, threads)),
+        key=lambda e: float(e["ts"]),
+    )
+    outer = _outermost_ops([e for e in events if _on(e, threads)])
+    per_span = [{**_span_host_time(span, calls, outer), "span": span} for span in spans]
+    modal = statistics.mode(len(p["graph_ms"]) for p in per_span)
+    return spans, [p for p in per_span if len(p["graph_ms"]) == modal], calls, outer
+
+
+def launch_sequence(events: list[dict]) -> list[dict] | None:
+    """One decode step's launches in host order, to name the code behind a launch-bound step's
+    pieces (session 28 read the 27B step's 159 launches after its verify graph this way: the
+    simulated walk, the torch conv commit, the tree compaction, the drafter's context): of the
+    ``run_batch`` spans with the usual number of graph launches, the one of median length; per
+    kernel launch, copy, memset and graph launch, its start in ms from the span's, the CUDA call,
+    the outermost host operator around it (``-``: none, e.g. a Triton launch from Python) and what
+    it ran on the GPU (a graph launch: its first kernel and how many activities it replayed).
+    None for a trace without ``run_batch`` spans."""
+    usual = _usual_spans(events)
+    if usual is None:
+        return None
+    _, same, calls, outer = usual
+    span = sorted(same, key=lambda p: p["ms"])[(len(same) - 1) // 2]["span"]
+    t0, t1 = float(span["ts"]), float(span["ts"]) + float(span["dur"])
+    thread = (span.get("pid"), span.get("tid"))
+    ran: dict = defaultdict(list)  # correlation id -> its GPU activities, (start, name)
+    for e in events:
+        if e.get("cat") in GPU_CATEGORIES:
+            ran[(e.get("args") or {}).get("correlation")].append(
+                (float(e.get("ts", 0.0)), e.get("name", "?"))
+            )
+    starts, ops = outer.get(thread, ([], []))
+    out = []
+    for c in calls:
+        t = float(c["ts"])
+        if not (t0 <= t <= t1 and _on(c, {thread})):
+            continue
+        name = c.get("name", "")
+        if name not in LAUNCHES and name not in GRAPH_LAUNCHES:
+            continue
+        i = bisect.bisect_right(starts, t) - 1
+        inside = i >= 0 and ops[i][0] <= t <= ops[i][1]
+        gpu = sorted(ran.get((c.get("args") or {}).get("correlation"), []))
+        what = gpu[0][1] if gpu else "?"
+        if name in GRAPH_LAUNCHES:
+            what = f"CUDA graph of {len(gpu)} activities, first {what}"
+        out.append(
+            {
+                "ms": (t - t0) / 1000.0,
+                "call": name,
+                "operator": ops[i][2] if inside else "-",
+                "ran": what,
+            }
+        )
+    return out
+
+
+def sequence_markdown(seq: list[dict]) -> str:
+    """:func:`launch_sequence` as a table."""
+    lines = ["| ms | CUDA call | host operator | ran |", "|---|---|---|---|"]
+    for r in seq:
+        lines.append(
+            f"| {r['ms']:.3f} | {r['call']} | `{_short(r['operator'])}` | `{_short(r['ran'])}` |"
+        )
+    return "\n".join(lines)
 
 
 def _on(e: dict, threads: set) -> bool:
@@ -563,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also compare the host time inside run_batch with this trace's, operator by operator "
         "(e.g. a DDTREE step against DFLASH's: where its extra milliseconds go)",
     )
+    ap.add_argument(
+        "--sequence",
+        action="store_true",
+        help="also list one decode step's launches in host order, each with its host operator "
+        "and what it ran (launch_sequence): which code a piece's launches come from",
+    )
     args = ap.parse_args(argv)
     for path in (args.trace, args.vs):
         if path is not None and not path.is_file():
@@ -573,6 +649,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     events = load_events(args.trace)
     print(markdown(summarize(events, args.steps, args.top)))
+    if args.sequence:
+        seq = launch_sequence(events)
+        if seq is None:
+            print(
+                f"python -m e2e.trace: no {RUN_BATCH} spans in {args.trace}; "
+                "valid: a trace of SGLang's scheduler",
+                file=sys.stderr,
+            )
+            return 2
+        print()
+        print(sequence_markdown(seq))
     if args.vs is not None:
         a, b = host_time(events, top=None), host_time(load_events(args.vs), top=None)
         if a is None or b is None:

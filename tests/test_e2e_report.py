@@ -330,6 +330,61 @@ def test_host_time_cuts_run_batch_at_its_graph_launches_and_sums_its_operators()
     assert trace.host_time(_events(2, 20.0, 2.0)) is None
 
 
+def test_launch_sequence_lists_the_median_steps_launches_with_their_operators(tmp_path, capsys):
+    """--sequence: of the spans with the usual number of graph launches, the one of median length
+    (here the 1200 us one, not the 1000 or 1400 us ones, nor the span with one graph); each launch
+    in host order with its outermost operator (the nested aten::copy_ is not it), ``-`` outside
+    every operator, and what it ran (a graph launch: its first activity by start and how many);
+    a CUDA call that launches nothing (the event query) is not listed."""
+    import gzip
+
+    def step(t0, dur, graphs=2):
+        """_host_step with correlation ids of its own (both its graph launches share one)."""
+        ev = _host_step(t0, graphs=graphs)
+        ev[0] = {**ev[0], "dur": dur}
+        for e in ev:
+            if "args" in e:
+                e["args"] = {"correlation": t0 + e["args"]["correlation"]}
+        gpu = {1: ["index_kernel"], 2: ["gemm_b", "gemm_a"], 3: ["add_kernel"], 4: ["_triton"]}
+        for corr, names in gpu.items():
+            for k, name in enumerate(names):
+                start = t0 + 2000 - 10 * k  # gemm_a starts first
+                ev.append({**_ev("kernel", name, t0 + corr, 5), "ts": start})
+        return ev
+
+    ev = step(0, 1000) + step(5000, 1400) + step(10000, 1200) + step(20000, 1300, graphs=1)
+    copy = {"ph": "X", "ts": 10950, "dur": 3, "pid": 0, "tid": 1}  # the median span's alone
+    ev += [
+        {**_ev("cuda_runtime", "cudaMemcpyAsync", 99), **copy},
+        {**_ev("gpu_memcpy", "Memcpy DtoH", 99, 2), "ts": 12000},
+    ]
+    seq = trace.launch_sequence(ev)
+    assert [(r["ms"], r["call"], r["operator"], r["ran"]) for r in seq] == [
+        (pytest.approx(0.025), "cudaLaunchKernel", "aten::index", "index_kernel"),
+        (
+            pytest.approx(0.2),
+            "cudaGraphLaunch",
+            "-",
+            "CUDA graph of 2 activities, first gemm_a",
+        ),
+        (pytest.approx(0.25), "cudaLaunchKernel", "aten::add", "add_kernel"),
+        (pytest.approx(0.4), "cudaGraphLaunch", "-", "CUDA graph of 2 activities, first gemm_a"),
+        (pytest.approx(0.45), "cudaLaunchKernel", "aten::add", "add_kernel"),
+        (pytest.approx(0.9), "cuLaunchKernelEx", "-", "_triton"),
+        (pytest.approx(0.95), "cudaMemcpyAsync", "-", "Memcpy DtoH"),
+    ]
+    assert trace.launch_sequence(_events(2, 20.0, 2.0)) is None
+    path = tmp_path / "a-TP-0-DECODE.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    assert trace.main([str(path), "--steps", "3", "--sequence"]) == 0
+    assert "| 0.900 | cuLaunchKernelEx | `-` | `_triton` |" in capsys.readouterr().out
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"traceEvents": _events(2, 20.0, 2.0)}))
+    assert trace.main([str(bare), "--steps", "2", "--sequence"]) == 2
+    assert "no scheduler.run_batch spans in" in capsys.readouterr().err
+
+
 def test_host_delta_sets_two_traces_host_time_side_by_side(tmp_path, capsys):
     """--vs: the span and its parts, the pieces between graph launches when both traces have the
     same ones, and the operators by how much more time a span of A spends in them (an operator
