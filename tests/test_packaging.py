@@ -113,15 +113,15 @@ def test_the_tracked_tree_leaves_room_for_the_kit_and_the_compile_cache_in_a_dev
 
 def _save_cache(tmp_path, checkout_bytes: int, cache_bytes: int) -> tuple[str, bool]:
     """e2e/compile_cache.sh save in a copy of the script inside a fake checkout of
-    ``checkout_bytes`` (a .compile-cache and __pycache__ beside it, which do not count), with a
+    ``checkout_bytes`` (a .compile-cache, __pycache__ and .git beside it, which do not count), with a
     Triton cache that packs to about ``cache_bytes`` (random bytes: xz cannot shrink them)."""
     root = tmp_path / "repo"
     (root / "e2e").mkdir(parents=True)
     shutil.copy(REPO / "e2e" / "compile_cache.sh", root / "e2e")
     (root / "payload").write_bytes(b"x" * checkout_bytes)
-    for ignored in (".compile-cache", "__pycache__"):
+    for ignored in (".compile-cache", "__pycache__", ".git"):
         (root / ignored).mkdir()
-        (root / ignored / "big").write_bytes(b"x" * 20 * 2**20)
+        (root / ignored / "big").write_bytes(b"x" * 30 * 2**20)
     triton = tmp_path / "triton"
     triton.mkdir()
     (triton / "kernel.bin").write_bytes(os.urandom(cache_bytes))
