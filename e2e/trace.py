@@ -96,14 +96,20 @@ def _outermost_ops(events: list[dict]) -> dict[tuple, tuple[list[float], list[tu
     return out
 
 
-def _launch_site(launch: dict, outer: dict, kernel: str) -> str:
-    starts, ops = outer.get((launch.get("pid"), launch.get("tid")), ([], []))
-    if "ts" in launch and starts:
-        t = float(launch["ts"])
+def _enclosing_op(call: dict, outer: dict) -> str | None:
+    """The outermost host operator (:func:`_outermost_ops`) running on ``call``'s thread when it
+    started, None outside every operator."""
+    starts, ops = outer.get((call.get("pid"), call.get("tid")), ([], []))
+    if "ts" in call and starts:
+        t = float(call["ts"])
         i = bisect.bisect_right(starts, t) - 1
         if i >= 0 and ops[i][0] <= t <= ops[i][1]:
             return ops[i][2]
-    return f"(no operator) {kernel}"
+    return None
+
+
+def _launch_site(launch: dict, outer: dict, kernel: str) -> str:
+    return _enclosing_op(launch, outer) or f"(no operator) {kernel}"
 
 
 def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
@@ -305,7 +311,6 @@ def launch_sequence(events: list[dict]) -> list[dict] | None:
             ran[(e.get("args") or {}).get("correlation")].append(
                 (float(e.get("ts", 0.0)), e.get("name", "?"))
             )
-    starts, ops = outer.get(thread, ([], []))
     out = []
     for c in calls:
         t = float(c["ts"])
@@ -314,8 +319,6 @@ def launch_sequence(events: list[dict]) -> list[dict] | None:
         name = c.get("name", "")
         if name not in LAUNCHES and name not in GRAPH_LAUNCHES:
             continue
-        i = bisect.bisect_right(starts, t) - 1
-        inside = i >= 0 and ops[i][0] <= t <= ops[i][1]
         gpu = sorted(ran.get((c.get("args") or {}).get("correlation"), []))
         what = gpu[0][1] if gpu else "?"
         if name in GRAPH_LAUNCHES:
@@ -324,7 +327,7 @@ def launch_sequence(events: list[dict]) -> list[dict] | None:
             {
                 "ms": (t - t0) / 1000.0,
                 "call": name,
-                "operator": ops[i][2] if inside else "-",
+                "operator": _enclosing_op(c, outer) or "-",
                 "ran": what,
             }
         )
@@ -373,12 +376,7 @@ def _span_host_time(span: dict, calls: list[dict], outer: dict) -> dict:
         by_name[name][0] += us / 1000.0
         by_name[name][1] += 1
         ops_us += us
-    loose_us = 0.0
-    for c in inside:
-        t = float(c["ts"])
-        i = bisect.bisect_right(starts, t) - 1
-        if not (i >= 0 and ops[i][0] <= t <= ops[i][1]):
-            loose_us += float(c.get("dur", 0.0))
+    loose_us = sum(float(c.get("dur", 0.0)) for c in inside if _enclosing_op(c, outer) is None)
     return {
         "ms": (t1 - t0) / 1000.0,
         "segment_ms": segment_ms,
