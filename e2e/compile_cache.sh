@@ -8,7 +8,7 @@
 # Between calls, copy the returned file to .compile-cache/ (ignored) and carry that folder.
 # The tarball is refused above 15 MiB (what a call can bring back per file is 16 MiB) and above
 # what the next call could carry beside this checkout (kit included): 64 MiB less the checkout
-# without .compile-cache, __pycache__ and .git (the caches live in /tmp), less a 0.5 MiB margin.
+# (what git would carry, and the kit), less a 0.5 MiB margin.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIRS=("${TRITON_CACHE_DIR:?source .gpu-kit/setup.sh first}" "${SGLANG_JIT_CACHE_DIR:?}")
@@ -30,9 +30,16 @@ save)
   # fitted the 64 MiB a device call carries beside the kit and the project (session 12)
   tar cf - -C / "${present[@]}" | xz -9e -T0 >"$out/compile-cache.tar.xz"
   size=$(stat -c %s "$out/compile-cache.tar.xz")
-  # the device's copy of the checkout has a .git, which no call carries (session 28: counted, it
-  # left -42 MB of room and a 3.3 MB cache was not saved)
-  checkout=$(du -sb --exclude=.compile-cache --exclude=__pycache__ --exclude=.git "$HERE" | cut -f1)
+  # what a call carries: the files git would (tracked, and untracked but not ignored) plus the kit.
+  # Not `du` of the folder: the device's copy has a .git (session 28: -42 MB of room) and the
+  # build/ a `pip install .` of the plugin leaves, 20 MB with the fixtures (session 29: -9 MB)
+  listed="$out/.carried-files"
+  (cd "$HERE" && git ls-files -co --exclude-standard -z >"$listed") ||
+    { echo "compile_cache: $HERE is not a git checkout, cannot tell what a call carries; not saved"; rm -f "$out/compile-cache.tar.xz" "$listed"; exit 1; }
+  checkout=$(cd "$HERE" && du -cb --files0-from="$listed" | tail -n 1 | cut -f1)
+  rm -f "$listed"
+  kit=$(du -sb "$HERE/.gpu-kit" 2>/dev/null | cut -f1)
+  checkout=$((checkout + ${kit:-0}))
   room=$((64 * 1024 * 1024 - checkout - 512 * 1024))
   limit=$((15 * 1024 * 1024 < room ? 15 * 1024 * 1024 : room))
   if [ "$size" -gt "$limit" ]; then

@@ -112,14 +112,24 @@ def test_the_tracked_tree_leaves_room_for_the_kit_and_the_compile_cache_in_a_dev
 
 
 def _save_cache(tmp_path, checkout_bytes: int, cache_bytes: int) -> tuple[str, bool]:
-    """e2e/compile_cache.sh save in a copy of the script inside a fake checkout of
-    ``checkout_bytes`` (a .compile-cache, __pycache__ and .git beside it, which do not count), with a
-    Triton cache that packs to about ``cache_bytes`` (random bytes: xz cannot shrink them)."""
+    """e2e/compile_cache.sh save in a copy of the script inside a git checkout carrying
+    ``checkout_bytes`` (half tracked, half untracked and not ignored, the kit counted apart), with
+    30 MiB each in .git, .compile-cache, __pycache__ and the build/ that `pip install .` leaves, which
+    no call carries, and a Triton cache that packs to about ``cache_bytes`` (random bytes: xz cannot
+    shrink them)."""
     root = tmp_path / "repo"
     (root / "e2e").mkdir(parents=True)
     shutil.copy(REPO / "e2e" / "compile_cache.sh", root / "e2e")
-    (root / "payload").write_bytes(b"x" * checkout_bytes)
-    for ignored in (".compile-cache", "__pycache__", ".git"):
+    (root / ".gitignore").write_text("/.compile-cache/\n__pycache__/\nbuild/\n/.gpu-kit/\n")
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    quarter = checkout_bytes // 4
+    (root / "tracked").write_bytes(b"x" * quarter * 2)
+    subprocess.run(["git", "add", "tracked"], cwd=root, check=True)
+    (root / "untracked").write_bytes(b"x" * quarter)
+    (root / ".gpu-kit").mkdir()
+    (root / ".gpu-kit" / "site.tar.xz").write_bytes(b"x" * quarter)
+    (root / ".git" / "big").write_bytes(b"x" * 30 * 2**20)
+    for ignored in (".compile-cache", "__pycache__", "build"):
         (root / ignored).mkdir()
         (root / ignored / "big").write_bytes(b"x" * 30 * 2**20)
     triton = tmp_path / "triton"
