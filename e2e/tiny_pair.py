@@ -407,22 +407,31 @@ def _slug(spec: str) -> str:
 
 
 def print_stage_tables(results: list[dict], stage_dir: Path) -> None:
-    """For every ``+stages`` server: per batch size, its decode steps and the median host and GPU
-    milliseconds of each stage and of their sum (``<stage_dir>/<server>.json``)."""
+    """For every ``+stages`` server: per batch size, its decode steps, the median host and GPU
+    milliseconds of each stage and of their sum (``<stage_dir>/<server>.json``), the median GPU
+    time between one step's end and the next one's start (the scheduler's work and any wait for
+    the host), and GPU sum + between: the decode loop's period, which the chunk gaps of a load test
+    measure from outside (session 30 told a dearer step from a slower gap between steps so)."""
     for r in results:
         if not r.get("stages"):
             continue
         by_bs = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())["by_bs"]
         stages = list(dict.fromkeys(st for e in by_bs.values() for st in e["host_ms"]))
         print(f"\nstage times, {r['label']} (median ms per decode step, host / GPU):")
-        print("| bs | steps | " + " | ".join(stages) + " | sum |")
-        print("|---" * (len(stages) + 3) + "|")
+        print("| bs | steps | " + " | ".join(stages) + " | sum | GPU between | GPU period |")
+        print("|---" * (len(stages) + 5) + "|")
         for bs, e in by_bs.items():
             cells = [
                 f"{e['host_ms'].get(st, 0):.3f} / {e['gpu_ms'].get(st, 0):.3f}" for st in stages
             ]
             host, gpu = sum(e["host_ms"].values()), sum(e["gpu_ms"].values())
-            print(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {host:.3f} / {gpu:.3f} |")
+            between = e.get("gpu_between_ms")
+            gap = ("-", "-") if between is None else (f"{between:.3f}", f"{gpu + between:.3f}")
+            print(
+                f"| {bs} | {e['steps']} | "
+                + " | ".join(cells)
+                + f" | {host:.3f} / {gpu:.3f} | {gap[0]} | {gap[1]} |"
+            )
 
 
 def summarize(results, baseline=None):
