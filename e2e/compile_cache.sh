@@ -33,7 +33,7 @@ save)
   # what a call carries: the files git would (tracked, and untracked but not ignored) plus the kit.
   # Not `du` of the folder: the device's copy has a .git (session 28: -42 MB of room) and the
   # build/ a `pip install .` of the plugin leaves, 20 MB with the fixtures (session 29: -9 MB)
-  listed="$out/.carried-files"
+  listed=$(mktemp)  # not in $out: whatever is there goes back with the call
   (cd "$HERE" && git ls-files -co --exclude-standard -z >"$listed") ||
     { echo "compile_cache: $HERE is not a git checkout, cannot tell what a call carries; not saved"; rm -f "$out/compile-cache.tar.xz" "$listed"; exit 1; }
   checkout=$(cd "$HERE" && du -cb --files0-from="$listed" | tail -n 1 | cut -f1)
