@@ -15,7 +15,8 @@ graphs only for the drafter's few layers -- cannot pass (b), while the eager wor
 verify (top-K, tree build, walk, commit) can stay a minority.
 
 Per captured CUDA graph (``graphs``; the verify's and the drafter's differ in how many GPU
-activities one replay runs): replays per step, GPU ms per replay and its top kernels.
+activities one replay runs): replays per step, GPU ms per replay (the kernel sum), the replay's
+span (first start to last end: what the step pays, gaps included, overlaps once) and its top kernels.
 
 Where the eager launches come from (``eager_sites``): each eager kernel launch is charged to the
 outermost host operator (a ``cpu_op`` event, e.g. ``aten::index_put_``) running on its thread when
@@ -134,7 +135,7 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
     sites: dict[str, dict] = defaultdict(lambda: {"launches": 0, "ms": 0.0})
     by_name: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "count": 0, "graph_ms": 0.0})
     total = {"graph": 0.0, "eager": 0.0}
-    replays: dict = defaultdict(list)  # graph launch correlation id -> [(kernel, ms)]
+    replays: dict = defaultdict(list)  # graph launch correlation id -> [(kernel, ms, ts, dur)]
     for e in events:
         if e.get("cat") not in GPU_CATEGORIES or e.get("ph") != "X":
             continue
@@ -142,7 +143,7 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
         corr = (e.get("args") or {}).get("correlation")
         origin = "graph" if host.get(corr) in GRAPH_LAUNCHES else "eager"
         if origin == "graph":
-            replays[corr].append((e.get("name", "?"), ms))
+            replays[corr].append((e.get("name", "?"), ms, e.get("ts"), e.get("dur", 0.0)))
         total[origin] += ms
         launch = launches.get(corr)
         if launch is not None and e.get("cat") == "kernel":
@@ -394,7 +395,14 @@ def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
     step replays the verify's and the drafter's, which differ), in the order of their first
     replay: replays per step, GPU ms and activities per replay, and its top kernels. Session 25
     found budget 7's C = 16 gap to NEXTN this way: the verify graphs within 0.5 ms, the draft
-    graph 1.6 ms dearer."""
+    graph 1.6 ms dearer.
+
+    ``span_ms_per_replay`` (median, None without timestamps) is the replay's wall time on the
+    GPU, first start to last end: what a step pays. The kernel sum leaves out the gaps between
+    kernels and counts twice the time kernels overlap, as SGLang's GDN kernels do under
+    programmatic dependent launch, each waiting inside its predecessor's tail (session 31:
+    budget 7's verify graph summed 28.54 ms and spanned 29.58, NEXTN's summed 28.03 and spanned
+    28.00, so only the spans compare)."""
     by_size: dict[int, list[list]] = {}
     for corr in sorted(replays):  # correlation ids count launches in order
         by_size.setdefault(len(replays[corr]), []).append(replays[corr])
@@ -402,13 +410,17 @@ def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
     for size, runs in by_size.items():
         kernels: dict[str, float] = defaultdict(float)
         for run in runs:
-            for name, ms in run:
+            for name, ms, _, _ in run:
                 kernels[name] += ms / len(runs)
+        spans = [_span_ms(run) for run in runs]
         out.append(
             {
                 "activities_per_replay": size,
                 "replays_per_step": len(runs) / steps,
                 "ms_per_replay": sum(kernels.values()),
+                "span_ms_per_replay": (
+                    None if None in spans else statistics.median(spans)  # type: ignore[type-var]
+                ),
                 "top_kernels": [
                     {"name": name, "ms_per_replay": ms}
                     for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
@@ -416,6 +428,13 @@ def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
             }
         )
     return out
+
+
+def _span_ms(run: list[tuple]) -> float | None:
+    """One graph replay's first start to last end, ms; None when an activity has no timestamp."""
+    if any(ts is None for _, _, ts, _ in run):
+        return None
+    return (max(ts + dur for _, _, ts, dur in run) - min(ts for _, _, ts, _ in run)) / 1000.0
 
 
 def _short(name: str) -> str:
@@ -459,16 +478,17 @@ def markdown(summary: dict) -> str:
             f"{site['gpu_ms_per_step']:.3f} |"
         )
     graphs = [
-        "| CUDA graph (activities per replay) | replays/step | GPU ms per replay | its top kernels (ms) |",
-        "|---|---|---|---|",
+        "| CUDA graph (activities per replay) | replays/step | GPU ms per replay | span ms per replay | its top kernels (ms) |",
+        "|---|---|---|---|---|",
     ]
     for g in s.get("graphs", []):  # summaries written before session 25 lack it
         tops = ", ".join(
             f"`{_short(k['name'])[:40]}` {k['ms_per_replay']:.3f}" for k in g["top_kernels"][:4]
         )
+        span = g.get("span_ms_per_replay")  # summaries written before session 31 lack it
         graphs.append(
             f"| {g['activities_per_replay']} | {g['replays_per_step']:.1f} | "
-            f"{g['ms_per_replay']:.3f} | {tops} |"
+            f"{g['ms_per_replay']:.3f} | {'-' if span is None else f'{span:.3f}'} | {tops} |"
         )
     host = ["| host span (SGLang annotation) | per step | median ms |", "|---|---|---|"]
     for h in s.get("host_spans", []):  # summaries written before session 26 lack it

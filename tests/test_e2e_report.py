@@ -238,7 +238,37 @@ def test_trace_splits_time_by_cuda_graph():
     assert [k["name"] for k in draft["top_kernels"]] == ["mlp", "topk"]
     assert verify["activities_per_replay"] == 3 and verify["ms_per_replay"] == pytest.approx(18.0)
     assert verify["top_kernels"][0] == {"name": "gemm", "ms_per_replay": pytest.approx(16.0)}
-    assert "| 3 | 1.0 | 18.000 | `gemm` 16.000, `attn` 2.000 |" in trace.markdown(s)
+    assert verify["span_ms_per_replay"] is None  # these events carry no timestamps
+    assert "| 3 | 1.0 | 18.000 | - | `gemm` 16.000, `attn` 2.000 |" in trace.markdown(s)
+
+
+def test_trace_graph_span_counts_gaps_and_overlaps_once():
+    """span_ms_per_replay: first start to last end of each replay, median over replays. A replay
+    whose kernels leave gaps spans more than its kernel sum; one whose kernels overlap (a
+    dependent launched into its predecessor's tail) spans less."""
+    ev, corr = [], 0
+    for gap_us in (100, 300, 200):  # three replays of one graph: kernels of 1000 + 2000 us
+        corr += 1
+        t0 = corr * 100_000
+        ev.append(_ev("cuda_runtime", "cudaGraphLaunch", corr))
+        ev += [
+            {**_ev("kernel", "a", corr, 1000), "ts": t0},
+            {**_ev("kernel", "b", corr, 2000), "ts": t0 + 1000 + gap_us},
+        ]
+    corr += 1  # another graph: b starts 400 us before a ends, c inside b
+    ev.append(_ev("cuda_runtime", "cudaGraphLaunch", corr))
+    ev += [
+        {**_ev("kernel", "a", corr, 1000), "ts": 0},
+        {**_ev("kernel", "b", corr, 2000), "ts": 600},
+        {**_ev("kernel", "c", corr, 500), "ts": 700},
+    ]
+    s = trace.summarize(ev, steps=1)
+    gapped, overlapped = s["graphs"]
+    assert gapped["ms_per_replay"] == pytest.approx(3.0)
+    assert gapped["span_ms_per_replay"] == pytest.approx(3.2)  # median gap 0.2 ms
+    assert overlapped["ms_per_replay"] == pytest.approx(3.5)
+    assert overlapped["span_ms_per_replay"] == pytest.approx(2.6)
+    assert "| 2 | 3.0 | 3.000 | 3.200 |" in trace.markdown(s)
 
 
 def test_trace_reports_sglangs_host_spans_per_step():
