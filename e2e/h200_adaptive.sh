@@ -23,6 +23,7 @@
 #            (session 25: one server's level moved by up to 1.4x between passes); exits 1 unless
 #            the adaptive server's log shows its per-width verify states; then prints issue 15's
 #            tiny-bar verdict (python -m e2e.tiny_bar). INTERLEAVED_LIMIT_S (560).
+# PIN_CPUS=1: --pin-cpus (each server on its own block of physical cores, the harness on the last).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
 # calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
@@ -50,6 +51,7 @@ common=(--target "$F/hybrid" --drafter "$F/hybrid-dflash" --prompts "${PROMPTS:-
   --num-prompts "${NUM_PROMPTS:-6}"
   --graph-bs "${GRAPH_BS:-16}" --sweep "$levels" --sweep-requests "${SWEEP_REQUESTS:-4}"
   --sweep-tokens "${SWEEP_TOKENS:-128}")
+[ -n "${PIN_CPUS:-}" ] && common+=(--pin-cpus)
 rc=0
 # Every +adaptive server of an e2e.json (all servers when none is marked: the adaptive part's) ran
 # and logged the per-width verify states it built (session 7: a leftover server answered instead).

@@ -378,6 +378,50 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+def _cpu_list(text: str) -> set[int]:
+    """sysfs's CPU list syntax, ``0-3,8,10-11``, as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def cpu_blocks(n: int, sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
+    """``n`` disjoint sets of this process's allowed logical CPUs, each made of whole physical cores
+    (a core's hardware threads together, from sysfs's ``thread_siblings_list``; a CPU sysfs says
+    nothing about is a core of its own), the cores dealt out in order, as evenly as they go. For
+    pinning servers that share a host (``e2e.tiny_pair --pin-cpus``): the tiny pair's step is the
+    host's Python, and session 31 saw its period move 1.8x from one run of steps to the next."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: list[frozenset[int]] = []
+    for cpu in allowed:
+        try:
+            core = frozenset(
+                _cpu_list((sysfs / f"cpu{cpu}/topology/thread_siblings_list").read_text())
+            )
+        except (OSError, ValueError):
+            core = frozenset({cpu})
+        core &= frozenset(allowed)
+        if core not in cores:
+            cores.append(core)
+    if n < 1 or len(cores) < n:
+        raise HarnessError(
+            f"{n} CPU blocks asked for, {len(cores)} physical cores allowed "
+            f"(CPUs {allowed[0]}-{allowed[-1]}): give at most {len(cores)} blocks"
+        )
+    size, extra = divmod(len(cores), n)
+    blocks, start = [], 0
+    for i in range(n):
+        stop = start + size + (i < extra)
+        blocks.append(frozenset().union(*cores[start:stop]))
+        start = stop
+    return blocks
+
+
 class ServerFailed(RuntimeError):
     """The server exited or never became healthy (``Server.tail()`` says why)."""
 
@@ -386,7 +430,8 @@ class Server:
     """One SGLang server from a (merged) config: ``with Server(cfg, log) as s: call(s.url + ...)``.
 
     ``start_s`` is the wall time from launch to a healthy ``/health``. ``launcher`` is the command
-    prefix (``{python}`` = this interpreter), as for ``sglang-spec serve --launcher``.
+    prefix (``{python}`` = this interpreter), as for ``sglang-spec serve --launcher``. ``cpus``
+    pins the server's whole process tree to those logical CPUs (:func:`cpu_blocks`).
     """
 
     def __init__(
@@ -399,8 +444,9 @@ class Server:
         stop_timeout: float = 30.0,
         launcher: str = DEFAULT_LAUNCHER,
         log_tail: int = 60,
+        cpus: frozenset[int] | None = None,
     ):
-        self.cfg, self.log_path, self.port = cfg, Path(log_path), port
+        self.cfg, self.log_path, self.port, self.cpus = cfg, Path(log_path), port, cpus
         self.start_timeout, self.stop_timeout, self.log_tail = start_timeout, stop_timeout, log_tail
         self.cmd = build_command(cfg, HOST, port, launcher=launcher)
         self.url = f"http://{HOST}:{port}"
@@ -428,6 +474,7 @@ class Server:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=None if self.cpus is None else self._pin,
             )
         try:  # whatever interrupts the wait (SIGTERM of a call's time limit) stops the server
             # A fresh server's first /health runs a generation that may JIT-compile kernels: 60 s.
@@ -447,6 +494,10 @@ class Server:
         )
         self.stop()
         raise ServerFailed(f"{self.cfg.name} {why} (log: {self.log_path})")
+
+    def _pin(self) -> None:
+        """In the child before it runs the server: its processes inherit the affinity."""
+        os.sched_setaffinity(0, self.cpus)
 
     def _check_listener_is_ours(self) -> None:
         """A server still loading when the port was checked (left by an interrupted run) may bind it

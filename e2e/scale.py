@@ -695,6 +695,7 @@ def summarize_stage_file(folder: Path, slug: str) -> dict | None:
         "server_slug": slug,
         "by_bs": stage_medians(steps),
         "extends_by_bs": extend_medians(extends),
+        "run_periods": run_periods(lines),
     }
     (folder / f"{slug}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return {
@@ -725,6 +726,35 @@ def stage_medians(steps: list[dict]) -> dict:
             }
         out[str(bs) if widths[bs] == 1 else f"{bs}:{width}"] = entry
     return out
+
+
+MIN_RUN_STEPS = 30  # a run shorter than this is a check's few requests, not a load level's
+
+
+def run_periods(lines: list[dict], min_steps: int = MIN_RUN_STEPS) -> dict | None:
+    """How far the decode loop's period moves from one run of steps to the next: a run is the
+    decode steps between two prefills (one batch of requests), its period the median over its
+    steps of GPU ms (stages summed) + the GPU time before the step (steps without it, the first
+    after an idle spell, are left out). Over the runs of at least ``min_steps`` steps: their
+    count and the min / median / max of their periods; None without such a run. Session 31:
+    the tiny pair's runs moved 1.8x (two modes about 1.5x apart), so a load level of one or two
+    runs carries that spread whole."""
+    runs: list[list[float]] = [[]]
+    for r in lines:
+        if r.get("phase") == "extend":
+            runs.append([])
+        elif r.get("gpu_between_ms") is not None:
+            runs[-1].append(sum(r["gpu_ms"].values()) + r["gpu_between_ms"])
+    periods = [statistics.median(run) for run in runs if len(run) >= min_steps]
+    if not periods:
+        return None
+    return {
+        "runs": len(periods),
+        "min_steps": min_steps,
+        "min_ms": min(periods),
+        "median_ms": statistics.median(periods),
+        "max_ms": max(periods),
+    }
 
 
 def extend_medians(extends: list[dict]) -> dict:

@@ -31,7 +31,10 @@ With ``--interleave`` every server stays up at once (started one after another o
 checked in turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a
 ``--base-url`` per server): a launch-bound tiny server's level moved by up to 1.4x between passes
 a minute apart (session 25), so servers measured one after the other cannot be told apart within
-5 %, and interleaved ones can.
+5 %, and interleaved ones can. With ``--pin-cpus`` each server's processes run on a block of whole
+physical cores of their own and the harness (with its load test) on the last block
+(``kit.cpu_blocks``): session 31's stage timer saw every server's loop period move 1.8x between
+runs of steps, the host's Python slowing as a whole, which no level interleaving averages out.
 With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
 :mod:`e2e.slots` (N concurrent streams, a quarter aborted mid-stream, the KV and mamba pools' free
 counts before = after, a clean log; the servers get ``--enable-metrics``), prints its table, writes
@@ -174,10 +177,11 @@ def server_config(
     return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})
 
 
-def run_server(label, cfg, prompts, args):
-    """Start ``label``'s server, exercise it (checks, load test, abort check) and stop it."""
-    srv = _server(label, cfg, args, args.port)
-    res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
+def run_server(label, cfg, prompts, args, index: int = 0):
+    """Start ``label``'s server (the ``index``-th), exercise it (checks, load test, abort check)
+    and stop it."""
+    srv = _server(label, cfg, args, args.port, index)
+    res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False, **_pinned(srv)}
     try:
         with srv:
             res["start_s"] = srv.start_s
@@ -204,8 +208,9 @@ def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> l
             print(
                 f"=== {label} (port {args.port + i}, kept up for the interleaved sweep)", flush=True
             )
-            srv = _server(label, kit.with_args(cfg, {"sleep-on-idle": True}), args, args.port + i)
-            res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
+            cfg = kit.with_args(cfg, {"sleep-on-idle": True})
+            srv = _server(label, cfg, args, args.port + i, i)
+            res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False, **_pinned(srv)}
             results.append(res)
             try:
                 stack.enter_context(srv)
@@ -246,7 +251,7 @@ HARNESS_ERRORS = (
 )
 
 
-def _server(label: str, cfg: ServerConfig, args, port: int) -> kit.Server:
+def _server(label: str, cfg: ServerConfig, args, port: int, index: int) -> kit.Server:
     return kit.Server(
         cfg,
         Path(args.out) / f"server_{_slug(label)}.log",
@@ -254,7 +259,17 @@ def _server(label: str, cfg: ServerConfig, args, port: int) -> kit.Server:
         start_timeout=args.start_timeout,
         launcher=args.launcher,
         log_tail=args.log_tail,
+        cpus=args.cpu_blocks[index] if args.cpu_blocks else None,
     )
+
+
+def _cpus_text(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
+def _pinned(srv: kit.Server) -> dict:
+    """``{"cpus": [...]}`` for e2e.json when ``--pin-cpus`` pinned the server, else nothing."""
+    return {} if srv.cpus is None else {"cpus": sorted(srv.cpus)}
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
@@ -411,11 +426,14 @@ def print_stage_tables(results: list[dict], stage_dir: Path) -> None:
     milliseconds of each stage and of their sum (``<stage_dir>/<server>.json``), the median GPU
     time between one step's end and the next one's start (the scheduler's work and any wait for
     the host), and GPU sum + between: the decode loop's period, which the chunk gaps of a load test
-    measure from outside (session 30 told a dearer step from a slower gap between steps so)."""
+    measure from outside (session 30 told a dearer step from a slower gap between steps so);
+    then how far that period moved from one run of steps between prefills to another
+    (``e2e.scale.run_periods``)."""
     for r in results:
         if not r.get("stages"):
             continue
-        by_bs = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())["by_bs"]
+        summary = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())
+        by_bs = summary["by_bs"]
         stages = list(dict.fromkeys(st for e in by_bs.values() for st in e["host_ms"]))
         print(f"\nstage times, {r['label']} (median ms per decode step, host / GPU):")
         print("| bs | steps | " + " | ".join(stages) + " | sum | GPU between | GPU period |")
@@ -431,6 +449,13 @@ def print_stage_tables(results: list[dict], stage_dir: Path) -> None:
                 f"| {bs} | {e['steps']} | "
                 + " | ".join(cells)
                 + f" | {host:.3f} / {gpu:.3f} | {gap[0]} | {gap[1]} |"
+            )
+        runs = summary.get("run_periods")
+        if runs:
+            print(
+                f"GPU period per run of >= {runs['min_steps']} decode steps between prefills "
+                f"({runs['runs']} runs): min {runs['min_ms']:.3f} / median {runs['median_ms']:.3f}"
+                f" / max {runs['max_ms']:.3f} ms, max / min {runs['max_ms'] / runs['min_ms']:.2f}"
             )
 
 
@@ -558,6 +583,13 @@ def main(argv: list[str] | None = None) -> int:
         "seconds of each other, not minutes",
     )
     ap.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="pin server i to the i-th of (servers + 1) disjoint blocks of whole physical cores "
+        "and this harness (and its load test) to the last: no server's scheduler shares a core "
+        "with another's or with the load generator, and none migrates",
+    )
+    ap.add_argument(
         "--adaptive-config",
         help="--speculative-adaptive-config FILE of the +adaptive servers (budget by batch size)",
     )
@@ -630,11 +662,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.drafter is None:
             raise kit.HarnessError("--target needs --drafter (the DFlash drafter for it)")
         block = kit.drafter_block_size(args.drafter)
+        args.cpu_blocks = kit.cpu_blocks(len(specs) + 1) if args.pin_cpus else None
         os.makedirs(args.out, exist_ok=True)
         print(f"plugin: {kit.install_plugin()}", flush=True)
     except kit.HarnessError as e:
         print(f"python -m e2e.tiny_pair: {e}", file=sys.stderr)
         return 2
+    if args.cpu_blocks:
+        os.sched_setaffinity(0, args.cpu_blocks[-1])  # the load test's subprocess inherits it
+        blocks = [f"{spec}: {_cpus_text(b)}" for spec, b in zip(specs, args.cpu_blocks)]
+        print(
+            f"pinned: {'; '.join(blocks)}; harness: {_cpus_text(args.cpu_blocks[-1])}", flush=True
+        )
     if args.prompts:
         prompts = load_prompts(args.prompts, args.num_prompts)
     else:
@@ -676,10 +715,10 @@ def main(argv: list[str] | None = None) -> int:
             results = run_interleaved([(spec, config(spec)) for spec in specs], prompts, args)
             for res, spec, report in zip(results, specs, reports, strict=True):
                 annotate(res, spec, report)
-        for spec in [] if args.interleave else specs:
+        for i, spec in enumerate([] if args.interleave else specs):
             print(f"=== {spec}", flush=True)
             report = patch(spec)
-            results.append(run_server(spec, config(spec), prompts, args))
+            results.append(run_server(spec, config(spec), prompts, args, i))
             annotate(results[-1], spec, report)
             Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))

@@ -245,7 +245,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 if __name__ == "__main__":
     with open(os.environ["FAKE_CALLS"], "a") as f:
         seen = {k: os.environ[k] for k in ENV_SEEN if k in os.environ}
-        f.write(json.dumps({"argv": argv, "env": seen, "pid": os.getpid()}) + "\n")
+        record = {"argv": argv, "env": seen, "pid": os.getpid()}
+        f.write(json.dumps({**record, "cpus": sorted(os.sched_getaffinity(0))}) + "\n")
     if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
         print("RuntimeError: CUDA out of memory", flush=True)
         sys.exit(3)

@@ -724,6 +724,53 @@ def test_stage_medians_split_a_batch_size_by_the_widths_its_steps_ran_at():
     assert out["1"]["gpu_ms"]["verify"] == 31.0 and out["1"]["width"] == 32
 
 
+def test_cpu_blocks_deal_whole_physical_cores_of_the_allowed_cpus(tmp_path, monkeypatch):
+    """kit.cpu_blocks: hyperthreads of one core (sysfs thread_siblings_list) stay together, only
+    allowed CPUs count, cores are dealt in order as evenly as they go, a CPU without topology is
+    its own core, and asking for more blocks than cores is refused with the numbers."""
+    siblings = {0: "0,4", 1: "1,5", 2: "2-3", 3: "2-3", 4: "0,4", 5: "1,5", 6: "6"}
+    for cpu, text in siblings.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text + "\n")
+    monkeypatch.setattr(kit.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    # cores in order of their first CPU: {0,4} {1,5} {2,3} {6} {7} (cpu7 has no topology)
+    assert kit.cpu_blocks(3, sysfs=tmp_path) == [{0, 4, 1, 5}, {2, 3, 6}, {7}]
+    assert kit.cpu_blocks(5, sysfs=tmp_path) == [{0, 4}, {1, 5}, {2, 3}, {6}, {7}]
+    monkeypatch.setattr(kit.os, "sched_getaffinity", lambda _pid: {0, 1, 5})  # 4 not allowed
+    assert kit.cpu_blocks(2, sysfs=tmp_path) == [{0}, {1, 5}]
+    with pytest.raises(kit.HarnessError, match=r"3 CPU blocks asked for, 2 physical cores allowed"):
+        kit.cpu_blocks(3, sysfs=tmp_path)
+
+
+def test_run_periods_spread_the_loops_period_over_runs_between_prefills():
+    """run_periods: runs are the decode steps between prefills; a run's period is the median of
+    its steps' summed GPU ms plus the GPU time before each (steps without it left out); runs
+    shorter than min_steps do not count; None without a long enough run."""
+    from e2e.scale import run_periods
+
+    def step(gpu, between):
+        return {
+            "bs": 1,
+            "host_ms": {"a": 9.0},
+            "gpu_ms": {"a": gpu, "b": 1.0},
+            "gpu_between_ms": between,
+        }
+
+    extend = {"phase": "extend", "bs": 1, "host_ms": {"extend": 50.0}, "gpu_ms": {"extend": 50.0}}
+    fast = [step(2.0, None)] + [step(2.0, 1.0)] * 3 + [step(3.0, 1.0)]  # period 4 (3 of 4 steps)
+    slow = [step(5.0, 0.5)] * 4  # period 6.5
+    short = [step(50.0, 50.0)] * 3  # below min_steps: a check's request, not a level
+    lines = [extend, *fast, extend, *slow, extend, *short, extend, *slow]
+    assert run_periods(lines, min_steps=4) == {
+        "runs": 3,
+        "min_steps": 4,
+        "min_ms": 4.0,
+        "median_ms": 6.5,
+        "max_ms": 6.5,
+    }
+    assert run_periods(lines, min_steps=5) is None  # the fast run has 4 steps with a gap
+
+
 def test_a_sharp_tree_temperature_lets_a_small_budget_carry_a_stated_tau_on_flat_logits():
     """Why ``tree-temp=1e-8`` exists: at SGLang's dummy-weight scale the drafter's logits differ by
     about 1e-5 (weights from U(-1e-3, 1e-3)), so at the default temperature a budget of 7 is a

@@ -9,6 +9,7 @@ must produce exactly those. SGLang's parser accepts them, and a whole run agains
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -91,6 +92,34 @@ def test_replayssm_server_turns_the_flag_on(sglang_parse, monkeypatch):
         sa = sglang_parse(kit.Server(cfg, "/dev/null").cmd[3:])
         assert sa.enable_linear_replayssm_spec is on, spec
         assert sa.speculative_num_draft_tokens == 65
+
+
+def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(tmp_path, monkeypatch, capsys):
+    """--pin-cpus: server i runs on the i-th of kit.cpu_blocks(servers + 1), its whole process
+    tree (the fake records its own affinity), e2e.json says where, and the harness takes the
+    last block; without it nothing is pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    blocks = [frozenset(cpus[:1]), frozenset(cpus[-1:]), frozenset(cpus)]
+    asked = []
+    monkeypatch.setattr(kit, "cpu_blocks", lambda n: asked.append(n) or blocks)
+    try:
+        assert _main(tmp_path, monkeypatch, "dflash,ddtree16", "--pin-cpus", "--interleave") == 0
+        assert os.sched_getaffinity(0) == set(cpus)  # the last block: all of this machine's
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert asked == [3]
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert [c["cpus"] for c in calls] == [cpus[:1], cpus[-1:]]
+    runs = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["cpus"] for r in runs] == [cpus[:1], cpus[-1:]]
+    assert f"pinned: dflash: {cpus[0]}; ddtree16: {cpus[-1]}; harness: " in capsys.readouterr().out
+    (tmp_path / "plain").mkdir()
+    assert _main(tmp_path / "plain", monkeypatch, "dflash") == 0
+    call = json.loads((tmp_path / "plain" / "calls.jsonl").read_text())
+    assert (
+        call["cpus"] == cpus
+        and "cpus" not in json.loads((tmp_path / "plain" / "out" / "e2e.json").read_text())[0]
+    )
 
 
 def test_sync_warnings_are_recorded(tmp_path, monkeypatch):
@@ -202,6 +231,26 @@ def test_stages_time_the_speculative_servers_steps_and_print_them_per_batch_size
     # the fake's gaps between a request's steps: none before the first, then 0.5, 1.0, 0.0 ms
     assert "| 1 | 24 | 1.500 / 0.500 | 2.000 / 10.000 | 3.500 / 10.500 | 0.500 | 11.000 |" in out
     assert "stage times, dflash " not in out
+
+
+def test_stage_tables_print_how_far_the_period_moved_between_runs(tmp_path, capsys):
+    """After a +stages server's table: the spread of its loop period over runs of steps between
+    prefills (e2e.scale.run_periods), as min / median / max and max / min; nothing without it."""
+    entry = {"steps": 40, "host_ms": {"step": 3.0}, "gpu_ms": {"step": 3.0}, "gpu_between_ms": 1.0}
+    runs = {"runs": 7, "min_steps": 30, "min_ms": 4.0, "median_ms": 5.0, "max_ms": 7.2}
+    for slug, periods in (("dflash_stages", runs), ("ddtree63_stages", None)):
+        summary = {"by_bs": {"1": entry}, "run_periods": periods}
+        (tmp_path / f"{slug}.json").write_text(json.dumps(summary))
+    results = [
+        {"label": label, "stages": {"steps": 40}} for label in ("dflash+stages", "ddtree63+stages")
+    ]
+    tiny_pair.print_stage_tables(results, tmp_path)
+    out = capsys.readouterr().out
+    line = (
+        "GPU period per run of >= 30 decode steps between prefills (7 runs): "
+        "min 4.000 / median 5.000 / max 7.200 ms, max / min 1.80"
+    )
+    assert out.count("GPU period per run") == 1 and line in out.split("ddtree63")[0]
 
 
 def test_profile_traces_decode_steps_of_any_server_and_prints_where_the_host_time_goes(

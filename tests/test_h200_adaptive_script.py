@@ -64,6 +64,16 @@ def test_fixed_part_serves_every_baseline_and_the_chi_square_samples(tmp_path):
     assert argv[argv.index("--num-prompts") + 1] == "16"
 
 
+def test_pin_cpus_reaches_every_part(tmp_path):
+    """PIN_CPUS=1 passes --pin-cpus to each part's e2e.tiny_pair run; unset, none gets it."""
+    e2e = [{"label": "ddtree63+graphs+patched+replayssm", "ok": True, "log_ddtree": [STATES]}]
+    rc, calls = run(tmp_path, e2e, PARTS="fixed adaptive", PIN_CPUS="1")
+    assert len(calls) == 2 and all("--pin-cpus" in c.split() for c in calls)
+    (tmp_path / "unpinned").mkdir()
+    rc, calls = run(tmp_path / "unpinned", e2e, PARTS="fixed")
+    assert len(calls) == 1 and "--pin-cpus" not in calls[0].split()
+
+
 @pytest.mark.parametrize("logged", [True, False])
 def test_adaptive_part_needs_the_verify_states_line(tmp_path, logged):
     """Session 7's adaptive run was answered by a leftover server and never showed the adaptive
