@@ -114,45 +114,69 @@ def stage_key(key: str) -> tuple[int, int]:
     return int(bs), int(width or 0)
 
 
+def stage_table(summary: dict, title: str) -> str:
+    """One stages summary (``e2e.scale.summarize_stage_file``'s JSON) under ``title``, the one
+    rendering the tiny pair's harness prints and this report writes: per batch size (and width,
+    numerically) the decode steps, the median host / GPU ms of each stage ("-" where a batch
+    size lacks it) and of their sum, the median GPU time between steps and the loop's period
+    (GPU sum + between: what a load test's chunk gaps measure from outside; session 30 told a
+    dearer step from a slower gap between steps so); how far that period moved from one run of
+    steps between prefills to another (``e2e.scale.run_periods``); then the prefills."""
+    by_bs = summary["by_bs"]
+    stages = list(
+        dict.fromkeys(st for e in by_bs.values() for k in ("host_ms", "gpu_ms") for st in e[k])
+    )
+    out = [
+        title,
+        "",
+        "| bs | steps | " + " | ".join(stages) + " | sum of medians | GPU between | GPU period |",
+        "|---" * (len(stages) + 5) + "|",
+    ]
+    for bs, e in sorted(by_bs.items(), key=lambda kv: stage_key(kv[0])):
+        cells = [
+            f"{e['host_ms'][st]:.3f} / {e['gpu_ms'][st]:.3f}"
+            if st in e["host_ms"] and st in e["gpu_ms"]
+            else "-"
+            for st in stages
+        ]
+        host, gpu = sum(e["host_ms"].values()), sum(e["gpu_ms"].values())
+        between = e.get("gpu_between_ms")
+        gap = "- | -" if between is None else f"{between:.3f} | {gpu + between:.3f}"
+        out.append(
+            f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {host:.3f} / {gpu:.3f} | {gap} |"
+        )
+    runs = summary.get("run_periods")  # summaries written before session 31 lack it
+    if runs:
+        out += [
+            "",
+            f"GPU period per run of >= {runs['min_steps']} decode steps between prefills "
+            f"({runs['runs']} runs): min {runs['min_ms']:.3f} / median {runs['median_ms']:.3f} / "
+            f"max {runs['max_ms']:.3f} ms, max / min {runs['max_ms'] / runs['min_ms']:.2f}",
+        ]
+    if summary.get("extends_by_bs"):
+        out += [
+            "",
+            "Prefills (medians per prefill batch):",
+            "",
+            "| new requests | prefills | prompt tokens | host ms | GPU ms | GPU ms before it |",
+            "|---|---|---|---|---|---|",
+        ]
+        for bs, e in sorted(summary["extends_by_bs"].items(), key=lambda kv: int(kv[0])):
+            gap = "-" if e["gpu_between_ms"] is None else f"{e['gpu_between_ms']:.3f}"
+            out.append(
+                f"| {bs} | {e['extends']} | {e['tokens']:g} | {e['host_ms']:.3f} | "
+                f"{e['gpu_ms']:.3f} | {gap} |"
+            )
+    return "\n".join(out)
+
+
 def stage_tables(folder: Path) -> str:
-    """One table per stages summary (``stages/*.json``): median host / GPU ms per stage and bs."""
+    """Every stages summary of ``folder`` (``stages/*.json``) as a :func:`stage_table`."""
     out = []
     for f in sorted(folder.glob("*.json")):
         data = json.loads(f.read_text())
-        by_bs = data["by_bs"]
-        stages = list(
-            dict.fromkeys(st for e in by_bs.values() for k in ("host_ms", "gpu_ms") for st in e[k])
-        )
-        out += [
-            f"### Stages of {data['server_slug']} (median ms per decode step, host / GPU)",
-            "",
-            "| bs | steps | " + " | ".join(stages) + " | sum of medians | GPU between steps |",
-            "|---" * (len(stages) + 4) + "|",
-        ]
-        for bs, e in sorted(by_bs.items(), key=lambda kv: stage_key(kv[0])):
-            cells = [
-                f"{e['host_ms'].get(st, float('nan')):.2f} / {e['gpu_ms'].get(st, float('nan')):.2f}"
-                for st in stages
-            ]
-            total = f"{sum(e['host_ms'].values()):.2f} / {sum(e['gpu_ms'].values()):.2f}"
-            between = e.get("gpu_between_ms")
-            gap = "-" if between is None else f"{between:.2f}"
-            out.append(f"| {bs} | {e['steps']} | " + " | ".join(cells) + f" | {total} | {gap} |")
-        out.append("")
-        if data.get("extends_by_bs"):
-            out += [
-                f"Prefills of {data['server_slug']} (medians per prefill batch):",
-                "",
-                "| new requests | prefills | prompt tokens | host ms | GPU ms | GPU ms before it |",
-                "|---|---|---|---|---|---|",
-            ]
-            for bs, e in sorted(data["extends_by_bs"].items(), key=lambda kv: int(kv[0])):
-                gap = "-" if e["gpu_between_ms"] is None else f"{e['gpu_between_ms']:.2f}"
-                out.append(
-                    f"| {bs} | {e['extends']} | {e['tokens']:g} | {e['host_ms']:.2f} | "
-                    f"{e['gpu_ms']:.2f} | {gap} |"
-                )
-            out.append("")
+        title = f"### Stages of {data['server_slug']} (median ms per decode step, host / GPU)"
+        out += [stage_table(data, title), ""]
     return "\n".join(out)
 
 

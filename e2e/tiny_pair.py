@@ -63,6 +63,7 @@ from pathlib import Path
 
 from e2e import kit, slots
 from e2e.scale import summarize_stage_file
+from e2e.scale_report import stage_table
 from sglang_spec.plugin.config import ENV_STAGE_TIMES, SYNC_WARNING
 from sglang_spec.serving.configs import ServerConfig
 from sglang_spec.serving.launch import DEFAULT_LAUNCHER
@@ -422,41 +423,15 @@ def _slug(spec: str) -> str:
 
 
 def print_stage_tables(results: list[dict], stage_dir: Path) -> None:
-    """For every ``+stages`` server: per batch size, its decode steps, the median host and GPU
-    milliseconds of each stage and of their sum (``<stage_dir>/<server>.json``), the median GPU
-    time between one step's end and the next one's start (the scheduler's work and any wait for
-    the host), and GPU sum + between: the decode loop's period, which the chunk gaps of a load test
-    measure from outside (session 30 told a dearer step from a slower gap between steps so);
-    then how far that period moved from one run of steps between prefills to another
-    (``e2e.scale.run_periods``)."""
+    """For every ``+stages`` server, its summary (``<stage_dir>/<server>.json``) as
+    ``e2e.scale_report.stage_table`` renders it: per batch size the median host and GPU ms of each
+    stage, the GPU time between steps and the loop's period, and how far the period moved between
+    runs of steps."""
     for r in results:
-        if not r.get("stages"):
-            continue
-        summary = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())
-        by_bs = summary["by_bs"]
-        stages = list(dict.fromkeys(st for e in by_bs.values() for st in e["host_ms"]))
-        print(f"\nstage times, {r['label']} (median ms per decode step, host / GPU):")
-        print("| bs | steps | " + " | ".join(stages) + " | sum | GPU between | GPU period |")
-        print("|---" * (len(stages) + 5) + "|")
-        for bs, e in by_bs.items():
-            cells = [
-                f"{e['host_ms'].get(st, 0):.3f} / {e['gpu_ms'].get(st, 0):.3f}" for st in stages
-            ]
-            host, gpu = sum(e["host_ms"].values()), sum(e["gpu_ms"].values())
-            between = e.get("gpu_between_ms")
-            gap = ("-", "-") if between is None else (f"{between:.3f}", f"{gpu + between:.3f}")
-            print(
-                f"| {bs} | {e['steps']} | "
-                + " | ".join(cells)
-                + f" | {host:.3f} / {gpu:.3f} | {gap[0]} | {gap[1]} |"
-            )
-        runs = summary.get("run_periods")
-        if runs:
-            print(
-                f"GPU period per run of >= {runs['min_steps']} decode steps between prefills "
-                f"({runs['runs']} runs): min {runs['min_ms']:.3f} / median {runs['median_ms']:.3f}"
-                f" / max {runs['max_ms']:.3f} ms, max / min {runs['max_ms'] / runs['min_ms']:.2f}"
-            )
+        if r.get("stages"):
+            summary = json.loads((stage_dir / f"{_slug(r['label'])}.json").read_text())
+            title = f"stage times, {r['label']} (median ms per decode step, host / GPU):"
+            print("\n" + stage_table(summary, title))
 
 
 def summarize(results, baseline=None):

@@ -537,6 +537,42 @@ def test_server_name_of_an_adaptive_server_at_a_tau_per_budget():
     assert scale_report.server_name(rec) == f"DDTREE(63) [{variant}]"
 
 
+def test_stage_table_marks_a_missing_stage_and_prints_the_run_spread():
+    """stage_table, the one rendering of a stages summary: a stage a batch size lacks is "-" (not
+    a zero that reads as free), the period is GPU sum + between, and the run-to-run spread of the
+    period follows the table when the summary has it."""
+    summary = {
+        "by_bs": {
+            "2": {
+                "steps": 5,
+                "host_ms": {"draft": 1.0, "verify": 2.0},
+                "gpu_ms": {"draft": 1.5, "verify": 3.0},
+                "gpu_between_ms": 0.5,
+            },
+            "1": {"steps": 4, "host_ms": {"verify": 2.0}, "gpu_ms": {"verify": 2.5}},
+        },
+        "run_periods": {"runs": 4, "min_steps": 30, "min_ms": 4.0, "median_ms": 5.0, "max_ms": 6.0},
+    }
+    lines = scale_report.stage_table(summary, "T").splitlines()
+    assert lines[:4] == [
+        "T",
+        "",
+        "| bs | steps | draft | verify | sum of medians | GPU between | GPU period |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    assert lines[4:6] == [
+        "| 1 | 4 | - | 2.000 / 2.500 | 2.000 / 2.500 | - | - |",
+        "| 2 | 5 | 1.000 / 1.500 | 2.000 / 3.000 | 3.000 / 4.500 | 0.500 | 5.000 |",
+    ]
+    assert lines[-1] == (
+        "GPU period per run of >= 30 decode steps between prefills (4 runs): "
+        "min 4.000 / median 5.000 / max 6.000 ms, max / min 1.50"
+    )
+    assert "GPU period per run" not in scale_report.stage_table(
+        {**summary, "run_periods": None}, "T"
+    )
+
+
 def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
     run1, run2 = tmp_path / "run1", tmp_path / "run2"
     records.save(run1 / "scale.json", CANNED[:4])
@@ -597,11 +633,11 @@ def test_report_cli_merges_runs_and_writes_md_and_png(tmp_path):
     md = results.with_suffix(".md").read_text()
     assert "| AR | 1 | 8 | 8 | 100.0 | 1.00 | 19.8 | - | 24.0 |" in md
     assert "max_running_requests is capped to 1" in md and "Mamba Cache is allocated" in md
-    # bs sorted numerically; the GPU time between steps where the summary has it
-    assert "| 1 | 130 | 1.00 / 2.00 | 1.00 / 20.00 | 2.00 / 22.00 | - |" in md
-    assert "| 8 | 120 | 1.50 / 3.00 | 2.00 / 30.00 | 3.50 / 33.00 | 1.25 |" in md
+    # bs sorted numerically; the GPU time between steps and the period where the summary has it
+    assert "| 1 | 130 | 1.000 / 2.000 | 1.000 / 20.000 | 2.000 / 22.000 | - | - |" in md
+    assert "| 8 | 120 | 1.500 / 3.000 | 2.000 / 30.000 | 3.500 / 33.000 | 1.250 | 34.250 |" in md
     # the prefills, under the decode steps, by new requests sorted numerically
-    assert "| 1 | 3 | 512 | 4.00 | 60.00 | 0.50 |\n| 8 | 2 | 4096 | 5.50 | 120.25 | - |" in md
+    assert "| 1 | 3 | 512 | 4.000 | 60.000 | 0.500 |\n| 8 | 2 | 4096 | 5.500 | 120.250 | - |" in md
     assert "x at C = 8: 22.10 GPU ms per step" in md
     png = results.with_suffix(".png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -227,7 +227,7 @@ def test_stages_time_the_speculative_servers_steps_and_print_them_per_batch_size
     assert summary["by_bs"]["1"]["host_ms"] == {"draft": 1.5, "verify": 2.0}
     out = capsys.readouterr().out
     assert "stage times, ddtree16+graphs+stages (median ms per decode step, host / GPU):" in out
-    assert "| bs | steps | draft | verify | sum | GPU between | GPU period |" in out
+    assert "| bs | steps | draft | verify | sum of medians | GPU between | GPU period |" in out
     # the fake's gaps between a request's steps: none before the first, then 0.5, 1.0, 0.0 ms
     assert "| 1 | 24 | 1.500 / 0.500 | 2.000 / 10.000 | 3.500 / 10.500 | 0.500 | 11.000 |" in out
     assert "stage times, dflash " not in out
