@@ -271,6 +271,29 @@ def test_trace_graph_span_counts_gaps_and_overlaps_once():
     assert "| 2 | 3.0 | 3.000 | 3.200 |" in trace.markdown(s)
 
 
+def test_trace_kernel_windows_time_the_work_between_two_landmarks_in_graphs():
+    """kernel_windows: from a START kernel's end to the next END kernel's start, inside graph
+    replays only (an eager pair does not count, nor a window that never closes); the median."""
+
+    def k(name, corr, ts, us):
+        return {**_ev("kernel", name, corr, us), "ts": ts}
+
+    ev = [_ev("cuda_runtime", "cudaGraphLaunch", 1), _ev("cuda_runtime", "cudaGraphLaunch", 2)]
+    ev += [k("split_a", 1, 0, 10), k("conv", 1, 12, 20), k("norm_x", 1, 40, 5)]  # 30 us
+    ev += [k("split_a", 1, 50, 10), k("norm_x", 1, 100, 5)]  # 40 us
+    ev += [k("split_a", 2, 0, 10), k("norm_x", 2, 60, 5), k("split_a", 2, 70, 5)]  # 50; unclosed
+    ev += [_ev("cuda_driver", "cuLaunchKernel", 3), k("split_a", 3, 0, 1), k("norm_x", 3, 2, 1)]
+    assert trace.kernel_windows(ev, "split", "norm") == {"windows": 3, "median_ms": 0.04}
+    assert trace.kernel_windows(ev, "split", "absent") is None
+
+
+def test_trace_window_flag_needs_two_prefixes(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": _events(1, 1.0, 1.0)}))
+    assert trace.main([str(path), "--steps", "1", "--window", "split"]) == 2
+    assert "--window 'split': give START,END" in capsys.readouterr().err
+
+
 def test_trace_reports_sglangs_host_spans_per_step():
     """host_spans: every user annotation name in order of first appearance, its spans per step
     and median ms; GPU-side annotations and instant events are not host spans."""
