@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what a variant replaces: the kernel, its verify entry point and the benchmark
+# what a variant replaces: the kernels, their verify entry point and the benchmark
 FILES = (
     "sglang_spec/gdn/triton_tree_recurrence.py",
+    "sglang_spec/gdn/triton_tree_wy.py",
     "sglang_spec/gdn/sglang_verify.py",
     "benchmarks/gdn_tree_recurrence.py",
 )
