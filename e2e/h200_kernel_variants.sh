@@ -11,7 +11,8 @@
 #   OUT=$OUT bash e2e/h200_kernel_variants.sh pick 1 64   # after run: keep the fastest at bs 1, N 64
 # `pick BS N` reads run's $OUT/*.json and leaves the variant with the smallest fused time at that
 # cell (its checks passed) checked out, so that the rest of the same device call (servers, tests)
-# runs it.
+# runs it. PICK_TIME names the benchmark's time to compare (default fused_us, the walk's fused
+# kernel; wy_fused_us for the WY verify the patched server runs, with VARIANT_ARGS="--wy ...").
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,23 +58,23 @@ run)
 pick)
   OUT=${OUT:?set OUT}
   [ $# -eq 3 ] || { echo "usage: $0 pick BS N"; exit 2; }
-  best=$("${SGLANG_KIT_PYTHON:-python3}" - "$OUT" "$2" "$3" <<'PY'
+  best=$("${SGLANG_KIT_PYTHON:-python3}" - "$OUT" "$2" "$3" "${PICK_TIME:-fused_us}" <<'PY'
 import json
 import pathlib
 import sys
 
-out, bs, n = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+out, bs, n, key = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 times = {}
 for f in sorted(out.glob("*.json")):
     for row in json.loads(f.read_text())["rows"]:
-        if row["bs"] == bs and row["N"] == n and row["ok"]:
-            times[f.stem] = row["fused_us"]
+        if row["bs"] == bs and row["N"] == n and row["ok"] and key in row:
+            times[f.stem] = row[key]
 if not times:
-    sys.exit(f"pick: no variant in {out} timed bs {bs}, N {n} with its checks passed")
+    sys.exit(f"pick: no variant in {out} timed {key} at bs {bs}, N {n} with its checks passed")
 print(min(times, key=times.get))
 PY
 ) || exit 2
-  echo "pick: fastest at bs $2, N $3: $best"
+  echo "pick: fastest (${PICK_TIME:-fused_us}) at bs $2, N $3: $best"
   if [ "$best" != checkout ]; then
     for f in "${FILES[@]}"; do cp "alt/$best/$f" "$f"; done
   fi

@@ -56,7 +56,10 @@ def test_prepare_refuses_a_variant_named_checkout():
 
 
 def _pick(
-    tmp_path: Path, times: dict[str, float | None]
+    tmp_path: Path,
+    times: dict[str, float | None],
+    wy_us: dict[str, float] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """Run ``pick 1 64`` in a copy of the script's tree: every variant's files hold its name; a
     variant's time ``None`` marks its row's checks as failed."""
@@ -76,10 +79,12 @@ def _pick(
             dict(bs=1, N=64, fused_us=us if us is not None else 1.0, ok=us is not None),
             dict(bs=8, N=64, fused_us=0.5, ok=True),  # another cell: not the one picked on
         ]
+        if name in (wy_us or {}):
+            rows[0]["wy_fused_us"] = wy_us[name]
         (out / f"{name}.json").write_text(json.dumps(dict(rows=rows)))
     proc = subprocess.run(
         ["bash", str(tree / "e2e" / "h200_kernel_variants.sh"), "pick", "1", "64"],
-        env={"OUT": str(out), "PATH": "/usr/bin:/bin"},
+        env={"OUT": str(out), "PATH": "/usr/bin:/bin", **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -90,7 +95,7 @@ def _pick(
 def test_pick_checks_out_the_fastest_variant_with_passing_checks(tmp_path):
     proc, tree = _pick(tmp_path, {"checkout": 80.0, "walk": 70.0, "level": None})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "fastest at bs 1, N 64: walk" in proc.stdout
+    assert "fastest (fused_us) at bs 1, N 64: walk" in proc.stdout
     assert (tree / "sglang_spec/gdn/triton_tree_recurrence.py").read_text() == "walk"
     assert (tree / "benchmarks/gdn_tree_recurrence.py").read_text() == "walk"
 
@@ -101,11 +106,25 @@ def test_pick_leaves_the_checkout_when_it_is_fastest(tmp_path):
     the first's, and pick could not tell them apart."""
     proc, tree = _pick(tmp_path, {"checkout": 60.0, "main": 70.0})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "fastest at bs 1, N 64: checkout" in proc.stdout
+    assert "fastest (fused_us) at bs 1, N 64: checkout" in proc.stdout
     assert (tree / "sglang_spec/gdn/sglang_verify.py").read_text() == "checkout"
     proc, tree = _pick(tmp_path / "2", {"checkout": 80.0, "main": 70.0})
-    assert "fastest at bs 1, N 64: main" in proc.stdout
+    assert "fastest (fused_us) at bs 1, N 64: main" in proc.stdout
     assert (tree / "sglang_spec/gdn/sglang_verify.py").read_text() == "main"
+
+
+def test_pick_compares_the_time_pick_time_names(tmp_path):
+    """PICK_TIME=wy_fused_us: the WY verify's time decides (the walk's fused time would pick
+    another variant); a variant whose rows lack that time does not count."""
+    proc, tree = _pick(
+        tmp_path,
+        {"checkout": 60.0, "wy": 70.0, "old": 50.0},
+        wy_us={"checkout": 40.0, "wy": 30.0},
+        env={"PICK_TIME": "wy_fused_us"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fastest (wy_fused_us) at bs 1, N 64: wy" in proc.stdout
+    assert (tree / "sglang_spec/gdn/triton_tree_wy.py").read_text() == "wy"
 
 
 def test_pick_refuses_when_no_variant_timed_the_cell(tmp_path):
@@ -167,5 +186,7 @@ def test_run_times_each_variant_on_its_own_files_and_pick_keeps_the_fastest(tmp_
     pick = subprocess.run(
         ["bash", script, "pick", "1", "64"], cwd=tree, env=env, capture_output=True, text=True
     )
-    assert pick.returncode == 0 and "fastest at bs 1, N 64: main" in pick.stdout, pick.stderr
+    assert pick.returncode == 0 and "fastest (fused_us) at bs 1, N 64: main" in pick.stdout, (
+        pick.stderr
+    )
     assert all((tree / f).read_text() == "main" for f in FILES)
