@@ -331,17 +331,23 @@ def parse_server_log(text: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------ one server
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies do not count: they hold no GPU
-    memory, and a container's PID 1 may never reap them). Linux ``/proc``; elsewhere False."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def group_pids(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes of group ``pgid`` that still run (zombies do not count: they hold no GPU
+    memory, and a container's PID 1 may never reap them). Linux ``/proc``; elsewhere none."""
+    pids = []
+    for stat in proc.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):  # the process ended while we looked
             continue
         if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            return True
-    return False
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (:func:`group_pids`)."""
+    return bool(group_pids(pgid))
 
 
 def port_owners(port: int) -> set[int]:
@@ -390,28 +396,36 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def physical_cores(sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
+    """This process's allowed logical CPUs grouped by physical core (a core's hardware threads
+    together, from sysfs's ``thread_siblings_list``; a CPU sysfs says nothing about is a core of
+    its own), in the order of their lowest CPU."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: list[frozenset[int]] = []
+    for cpu in allowed:
+        try:
+            siblings = (sysfs / f"cpu{cpu}/topology/thread_siblings_list").read_text()
+            core = frozenset(_cpu_list(siblings))
+        except (OSError, ValueError):
+            core = frozenset({cpu})
+        core &= frozenset(allowed)
+        if core not in cores:
+            cores.append(core)
+    return cores
+
+
 def cpu_blocks(n: int, sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
     """``n`` disjoint sets of this process's allowed logical CPUs, each made of whole physical cores
     (a core's hardware threads together, from sysfs's ``thread_siblings_list``; a CPU sysfs says
     nothing about is a core of its own), the cores dealt out in order, as evenly as they go. For
     pinning servers that share a host (``e2e.tiny_pair --pin-cpus``): the tiny pair's step is the
     host's Python, and session 31 saw its period move 1.8x from one run of steps to the next."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cores: list[frozenset[int]] = []
-    for cpu in allowed:
-        try:
-            core = frozenset(
-                _cpu_list((sysfs / f"cpu{cpu}/topology/thread_siblings_list").read_text())
-            )
-        except (OSError, ValueError):
-            core = frozenset({cpu})
-        core &= frozenset(allowed)
-        if core not in cores:
-            cores.append(core)
+    cores = physical_cores(sysfs)
     if n < 1 or len(cores) < n:
+        cpus = sorted(frozenset().union(*cores))
         raise HarnessError(
             f"{n} CPU blocks asked for, {len(cores)} physical cores allowed "
-            f"(CPUs {allowed[0]}-{allowed[-1]}): give at most {len(cores)} blocks"
+            f"(CPUs {cpus[0]}-{cpus[-1]}): give at most {len(cores)} blocks"
         )
     size, extra = divmod(len(cores), n)
     blocks, start = [], 0
@@ -420,6 +434,38 @@ def cpu_blocks(n: int, sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
         blocks.append(frozenset().union(*cores[start:stop]))
         start = stop
     return blocks
+
+
+SCHEDULER_TITLE = "sglang::scheduler"  # SGLang's scheduler process titles itself so
+
+
+def pin_scheduler(
+    pgid: int, cpus: frozenset[int], sysfs: Path = SYSFS_CPU, proc: Path = Path("/proc")
+) -> int | None:
+    """Within a server's block ``cpus``: every thread of its scheduler process (the one whose
+    title starts with ``sglang::scheduler``: the decode loop, whose Python is the tiny pair's
+    step) on the block's first physical core alone, every thread of the group's other processes
+    (tokenizer, detokenizer, launcher) on the rest, so that none shares the scheduler's core.
+    Returns the scheduler's pid; None (nothing moved) when the block is one core or the group has
+    no scheduler."""
+    cores = [core for core in physical_cores(sysfs) if core <= cpus]
+    if len(cores) < 2:
+        return None
+    own, rest = cores[0], frozenset().union(*cores[1:])
+    titles = {}
+    for pid in group_pids(pgid, proc):
+        try:
+            titles[pid] = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+    scheduler = next((p for p, t in titles.items() if t.startswith(SCHEDULER_TITLE)), None)
+    if scheduler is None:
+        return None
+    for pid in titles:
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), own if pid == scheduler else rest)
+    return scheduler
 
 
 class ServerFailed(RuntimeError):
@@ -431,7 +477,8 @@ class Server:
 
     ``start_s`` is the wall time from launch to a healthy ``/health``. ``launcher`` is the command
     prefix (``{python}`` = this interpreter), as for ``sglang-spec serve --launcher``. ``cpus``
-    pins the server's whole process tree to those logical CPUs (:func:`cpu_blocks`).
+    pins the server's whole process tree to those logical CPUs (:func:`cpu_blocks`), and once
+    it is healthy its scheduler to the first physical core of them alone (:func:`pin_scheduler`).
     """
 
     def __init__(
@@ -452,6 +499,7 @@ class Server:
         self.url = f"http://{HOST}:{port}"
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
+        self.scheduler_pid: int | None = None  # pinned to its own core (pin_scheduler)
 
     def __enter__(self) -> Server:
         self.start()
@@ -482,6 +530,8 @@ class Server:
                 if health_ok(self.url + "/health", timeout=60):
                     self._check_listener_is_ours()
                     self.start_s = round(time.monotonic() - t0, 1)
+                    if self.cpus is not None:
+                        self.scheduler_pid = pin_scheduler(self.proc.pid, self.cpus)
                     return self.start_s
                 time.sleep(0.5)
         except BaseException:

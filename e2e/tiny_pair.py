@@ -32,7 +32,8 @@ checked in turn, and ONE load test interleaves their levels (``loadtests.sweep``
 ``--base-url`` per server): a launch-bound tiny server's level moved by up to 1.4x between passes
 a minute apart (session 25), so servers measured one after the other cannot be told apart within
 5 %, and interleaved ones can. With ``--pin-cpus`` each server's processes run on a block of whole
-physical cores of their own and the harness (with its load test) on the last block
+physical cores of their own, its scheduler on the block's first core alone once it is up
+(``kit.pin_scheduler``), and the harness (with its load test) on the last block
 (``kit.cpu_blocks``): session 31's stage timer saw every server's loop period move 1.8x between
 runs of steps, the host's Python slowing as a whole, which no level interleaving averages out.
 With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
@@ -182,10 +183,11 @@ def run_server(label, cfg, prompts, args, index: int = 0):
     """Start ``label``'s server (the ``index``-th), exercise it (checks, load test, abort check)
     and stop it."""
     srv = _server(label, cfg, args, args.port, index)
-    res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False, **_pinned(srv)}
+    res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
     try:
         with srv:
             res["start_s"] = srv.start_s
+            res.update(_pinned(srv))
             check(res, srv, prompts, args)
             if args.sweep:
                 load_test([(label, srv)], args)
@@ -211,11 +213,12 @@ def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> l
             )
             cfg = kit.with_args(cfg, {"sleep-on-idle": True})
             srv = _server(label, cfg, args, args.port + i, i)
-            res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False, **_pinned(srv)}
+            res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
             results.append(res)
             try:
                 stack.enter_context(srv)
                 res["start_s"] = srv.start_s
+                res.update(_pinned(srv))
                 check(res, srv, prompts, args)
                 running.append((res, srv))
             except HARNESS_ERRORS as e:
@@ -269,8 +272,11 @@ def _cpus_text(cpus: frozenset[int]) -> str:
 
 
 def _pinned(srv: kit.Server) -> dict:
-    """``{"cpus": [...]}`` for e2e.json when ``--pin-cpus`` pinned the server, else nothing."""
-    return {} if srv.cpus is None else {"cpus": sorted(srv.cpus)}
+    """For e2e.json, when ``--pin-cpus`` pinned the server: its block (``cpus``) and whether its
+    scheduler got a core of its own (``scheduler_pinned``, kit.pin_scheduler); else nothing."""
+    if srv.cpus is None:
+        return {}
+    return {"cpus": sorted(srv.cpus), "scheduler_pinned": srv.scheduler_pid is not None}
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
@@ -561,8 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         "--pin-cpus",
         action="store_true",
         help="pin server i to the i-th of (servers + 1) disjoint blocks of whole physical cores "
-        "and this harness (and its load test) to the last: no server's scheduler shares a core "
-        "with another's or with the load generator, and none migrates",
+        "(its scheduler to the block's first core alone) and this harness (and its load test) to "
+        "the last: no server's scheduler shares a core with another process, and none migrates",
     )
     ap.add_argument(
         "--adaptive-config",

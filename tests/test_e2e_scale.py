@@ -742,6 +742,54 @@ def test_cpu_blocks_deal_whole_physical_cores_of_the_allowed_cpus(tmp_path, monk
         kit.cpu_blocks(3, sysfs=tmp_path)
 
 
+def test_pin_scheduler_gives_the_schedulers_threads_a_core_of_their_own(tmp_path, monkeypatch):
+    """kit.pin_scheduler: in the server's block, every thread of the process titled
+    sglang::scheduler... goes to the block's first physical core, every thread of the group's
+    other live processes to the rest; zombies, other groups and CPUs outside the block are left;
+    a one-core block or a group without a scheduler moves nothing."""
+    sysfs, proc = tmp_path / "sys", tmp_path / "proc"
+    for cpu, text in {
+        0: "0,4",
+        1: "1,5",
+        2: "2,6",
+        3: "3,7",
+        4: "0,4",
+        5: "1,5",
+        6: "2,6",
+        7: "3,7",
+    }.items():
+        (sysfs / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text)
+    monkeypatch.setattr(kit.os, "sched_getaffinity", lambda _pid: set(range(8)))
+
+    def process(pid, pgrp, title, state="S", tasks=()):
+        d = proc / str(pid)
+        (d / "task").mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} (python3) {state} 1 {pgrp} 0")
+        (d / "cmdline").write_bytes(title.encode() + b"\0")
+        for t in (pid, *tasks):
+            (d / "task" / str(t)).mkdir()
+
+    process(100, 100, "python3\0-m\0sglang.launch_server")
+    process(101, 100, "sglang::scheduler_TP0", tasks=(107, 108))
+    process(102, 100, "sglang::detokenizer")
+    process(103, 100, "sglang::scheduler_old", state="Z")  # a zombie: not this server's loop
+    process(200, 200, "sglang::scheduler_TP0")  # another server's
+    moved = {}
+    monkeypatch.setattr(
+        kit.os, "sched_setaffinity", lambda tid, cpus: moved.update({tid: set(cpus)})
+    )
+    block = frozenset({1, 5, 2, 6, 3, 7})
+    assert kit.pin_scheduler(100, block, sysfs, proc) == 101
+    assert moved == {
+        101: {1, 5}, 107: {1, 5}, 108: {1, 5},  # the scheduler: the block's first core
+        100: {2, 6, 3, 7}, 102: {2, 6, 3, 7},  # the rest of the group: the other cores
+    }  # fmt: skip
+    moved.clear()
+    assert kit.pin_scheduler(100, frozenset({0, 4}), sysfs, proc) is None  # one core: nothing
+    assert kit.pin_scheduler(300, block, sysfs, proc) is None and moved == {}  # no such group
+
+
 def test_run_periods_spread_the_loops_period_over_runs_between_prefills():
     """run_periods: runs are the decode steps between prefills; a run's period is the median of
     its steps' summed GPU ms plus the GPU time before each (steps without it left out); runs

@@ -112,6 +112,8 @@ def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(tmp_path, mo
     assert [c["cpus"] for c in calls] == [cpus[:1], cpus[-1:]]
     runs = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert [r["cpus"] for r in runs] == [cpus[:1], cpus[-1:]]
+    # one-CPU blocks: no core to spare for the scheduler (kit.pin_scheduler moves nothing)
+    assert [r["scheduler_pinned"] for r in runs] == [False, False]
     assert f"pinned: dflash: {cpus[0]}; ddtree16: {cpus[-1]}; harness: " in capsys.readouterr().out
     (tmp_path / "plain").mkdir()
     assert _main(tmp_path / "plain", monkeypatch, "dflash") == 0
