@@ -120,32 +120,27 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
     GPU activities by total time, and the graph-replay verdict (see the module docstring)."""
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
-    host = {}  # correlation id -> host call name
+    host = _host_calls(events)
     launches = {}  # correlation id -> its eager kernel launch event
     graph_launches = eager_launches = 0
     for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+        if e.get("cat") in CUDA_CALLS:
             name = e.get("name", "")
             corr = (e.get("args") or {}).get("correlation")
-            if corr is not None:
-                host[corr] = name
-                if name in KERNEL_LAUNCHES:
-                    launches[corr] = e
+            if corr is not None and name in KERNEL_LAUNCHES:
+                launches[corr] = e
             graph_launches += name in GRAPH_LAUNCHES
             eager_launches += name in KERNEL_LAUNCHES
     outer = _outermost_ops(events)
     sites: dict[str, dict] = defaultdict(lambda: {"launches": 0, "ms": 0.0})
     by_name: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "count": 0, "graph_ms": 0.0})
     total = {"graph": 0.0, "eager": 0.0}
-    replays: dict = defaultdict(list)  # graph launch correlation id -> [(kernel, ms, ts, dur)]
     for e in events:
         if e.get("cat") not in GPU_CATEGORIES or e.get("ph") != "X":
             continue
         ms = float(e.get("dur", 0.0)) / 1000.0
         corr = (e.get("args") or {}).get("correlation")
         origin = "graph" if host.get(corr) in GRAPH_LAUNCHES else "eager"
-        if origin == "graph":
-            replays[corr].append((e.get("name", "?"), ms, e.get("ts"), e.get("dur", 0.0)))
         total[origin] += ms
         launch = launches.get(corr)
         if launch is not None and e.get("cat") == "kernel":
@@ -196,7 +191,7 @@ def summarize(events: list[dict], steps: int, top: int = 15) -> dict:
             }
             for name, row in sorted(sites.items(), key=lambda kv: -kv[1]["launches"])[:top]
         ],
-        "graphs": _graphs(replays, steps),
+        "graphs": _graphs(_graph_replays(events, host), steps),
         "host_spans": _host_spans(events, steps),
         "host_time": host_time(events, top=top),
     }
@@ -392,6 +387,28 @@ def _span_host_time(span: dict, calls: list[dict], outer: dict) -> dict:
     }
 
 
+def _host_calls(events: list[dict]) -> dict:
+    """Correlation id -> the name of the CUDA runtime / driver call that launched its work."""
+    return {
+        corr: e.get("name", "")
+        for e in events
+        if e.get("cat") in CUDA_CALLS
+        and (corr := (e.get("args") or {}).get("correlation")) is not None
+    }
+
+
+def _graph_replays(events: list[dict], host: dict) -> dict:
+    """The GPU activities each replayed CUDA graph ran, by its launch's correlation id (``host``:
+    :func:`_host_calls`), in trace order."""
+    replays: dict = defaultdict(list)
+    for e in events:
+        if e.get("cat") in GPU_CATEGORIES and e.get("ph") == "X":
+            corr = (e.get("args") or {}).get("correlation")
+            if host.get(corr) in GRAPH_LAUNCHES:
+                replays[corr].append(e)
+    return replays
+
+
 def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
     """Per captured CUDA graph, told apart by how many GPU activities one replay runs (a decode
     step replays the verify's and the drafter's, which differ), in the order of their first
@@ -412,8 +429,8 @@ def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
     for size, runs in by_size.items():
         kernels: dict[str, float] = defaultdict(float)
         for run in runs:
-            for name, ms, _, _ in run:
-                kernels[name] += ms / len(runs)
+            for e in run:
+                kernels[e.get("name", "?")] += float(e.get("dur", 0.0)) / 1000.0 / len(runs)
         spans = [_span_ms(run) for run in runs]
         out.append(
             {
@@ -432,11 +449,12 @@ def _graphs(replays: dict, steps: int, top: int = 8) -> list[dict]:
     return out
 
 
-def _span_ms(run: list[tuple]) -> float | None:
+def _span_ms(run: list[dict]) -> float | None:
     """One graph replay's first start to last end, ms; None when an activity has no timestamp."""
-    if any(ts is None for _, _, ts, _ in run):
+    if any(e.get("ts") is None for e in run):
         return None
-    return (max(ts + dur for _, _, ts, dur in run) - min(ts for _, _, ts, _ in run)) / 1000.0
+    end = max(e["ts"] + e.get("dur", 0.0) for e in run)
+    return (end - min(e["ts"] for e in run)) / 1000.0
 
 
 def kernel_windows(events: list[dict], start: str, end: str) -> dict | None:
@@ -446,22 +464,10 @@ def kernel_windows(events: list[dict], start: str, end: str) -> dict | None:
     the GDN core, from ``fused_qkvzba_split`` to ``_layer_norm_fwd``, 86.6 us a layer for budget
     7's width-8 verify at C = 16 against 75.4 for NEXTN's width 4). ``{"windows", "median_ms"}``,
     or None when no window closes."""
-    host = {
-        (e.get("args") or {}).get("correlation"): e.get("name")
-        for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver")
-    }
-    replays: dict = defaultdict(list)
-    for e in events:
-        if e.get("cat") == "kernel" and e.get("ph") == "X":
-            corr = (e.get("args") or {}).get("correlation")
-            if host.get(corr) in GRAPH_LAUNCHES:
-                replays[corr].append(e)
     windows = []
-    for run in replays.values():
-        run.sort(key=lambda e: e["ts"])
+    for run in _graph_replays(events, _host_calls(events)).values():
         opened = None
-        for e in run:
+        for e in sorted(run, key=lambda e: e["ts"]):
             if opened is not None and e["name"].startswith(end):
                 windows.append((e["ts"] - opened) / 1000.0)
                 opened = None
