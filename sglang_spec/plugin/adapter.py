@@ -182,6 +182,9 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         )
     ),
     **{f"{_W}.{name}": Member() for name in _DRAFT_BLOCK_BUFFERS},
+    # the target features the drafter projects: num_context_features x hidden_size columns
+    "sglang.srt.models.dflash:DFlashDraftModel.num_context_features": Member(),
+    "sglang.srt.models.dflash:DFlashDraftModel.config": Member(),
     f"{_W}._block_pos_offsets": Member(),
     f"{_W}._draft_block_spec_info": Member(),
     f"{_W}._mask_token_id": Member(),
@@ -396,6 +399,7 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "req_to_token_pool",
             "token_to_kv_pool_allocator",
             "watermark_state",
+            "dtype",
         )
     },
     "sglang.srt.model_executor.model_runner:ModelRunner.forward": Kw(("forward_batch",)),
@@ -899,6 +903,13 @@ def append_target_hidden_to_draft_kv(
         positions=positions,
         commit_lens=commit_lens,
     )
+
+
+def target_feature_size(worker: Any) -> int:
+    """Columns of the target features the drafter projects (``DFlashDraftModel.fc``'s input):
+    its context layers x the hidden size."""
+    model = worker.draft_model
+    return int(model.num_context_features) * int(model.config.hidden_size)
 
 
 # ------------------------------------------------------------- EAGLE's verify coins
