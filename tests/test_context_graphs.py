@@ -179,3 +179,18 @@ def test_the_stage_hands_the_verify_windows_rows_to_the_append():
     verified = Verified(SimpleNamespace(hidden_states=None), "fb", True, None)
     with pytest.raises(RuntimeError, match="target hidden states"):
         worker.append_context_stage(batch, verified, walked, committed)
+
+
+def test_capture_runs_dflashs_per_layer_writer_and_restores_its_choice():
+    """adapter.per_layer_kv_append: the fused helper off while capturing (its workspace is
+    replaced when a prefill brings more rows, which a captured graph would keep writing), and
+    DFLASH's own choice back afterwards, even when the capture fails."""
+    from sglang_spec.plugin import adapter
+
+    worker = SimpleNamespace(_use_fused_kv_materialize=True)
+    with adapter.per_layer_kv_append(worker):
+        assert worker._use_fused_kv_materialize is False
+    assert worker._use_fused_kv_materialize is True
+    with pytest.raises(RuntimeError), adapter.per_layer_kv_append(worker):
+        raise RuntimeError("capture failed")
+    assert worker._use_fused_kv_materialize is True

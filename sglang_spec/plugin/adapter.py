@@ -182,6 +182,7 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         )
     ),
     **{f"{_W}.{name}": Member() for name in _DRAFT_BLOCK_BUFFERS},
+    f"{_W}._use_fused_kv_materialize": Member(),
     # the target features the drafter projects: num_context_features x hidden_size columns
     "sglang.srt.models.dflash:DFlashDraftModel.num_context_features": Member(),
     "sglang.srt.models.dflash:DFlashDraftModel.config": Member(),
@@ -903,6 +904,21 @@ def append_target_hidden_to_draft_kv(
         positions=positions,
         commit_lens=commit_lens,
     )
+
+
+@contextlib.contextmanager
+def per_layer_kv_append(worker: Any) -> Iterator[None]:
+    """DFLASH's prefix-valid writer through its per-layer path, not its fused helper
+    (``FusedKVMaterializeHelper``), while the drafter context append is captured: the helper
+    keeps a projection workspace that it replaces by a larger one when a call brings more rows
+    (any prefill does), which would leave a captured graph writing freed memory. The per-layer
+    path's tensors come from the graph's own pool."""
+    saved = worker._use_fused_kv_materialize
+    worker._use_fused_kv_materialize = False
+    try:
+        yield
+    finally:
+        worker._use_fused_kv_materialize = saved
 
 
 def target_feature_size(worker: Any) -> int:

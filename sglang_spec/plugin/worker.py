@@ -253,7 +253,8 @@ class DDTreeWorker(DFlashWorkerV2):
         super().init_cuda_graphs()
         draft_sampler.capture(self)
         if isinstance(self.context_append, ContextAppendGraphs):
-            self.context_append.capture(adapter.graph_capture_scope)
+            with adapter.per_layer_kv_append(self):
+                self.context_append.capture(adapter.graph_capture_scope)
             if get_parallel().tp_rank == 0:
                 logger.info(
                     "DDTREE drafter context append: %d CUDA graphs, widths %s, batch sizes up "
