@@ -1059,6 +1059,7 @@ def _staged_worker(calls, tick=None):
         block_size=4, verify_width=5, topk_per_depth=4, tree_temperature=1.0
     )
     worker.device = torch.device("cpu")
+    worker.context_append = None  # __init__'s; these workers stub append_context_stage
     out = SimpleNamespace(hidden_states=torch.zeros(2, 3))
     verified = Verified(
         logits_output=out, forward_batch="fb", can_run_cuda_graph=True, grammar_mask=None

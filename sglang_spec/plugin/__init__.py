@@ -14,6 +14,8 @@ Modules, by job:
 * :mod:`~sglang_spec.plugin.draft_sampler`: the draft head, per-depth top-K and tree as CUDA graphs
   per candidate budget over the block the drafter's graph stages (``_maybe_build_draft_sampler``)
   and the per-step choice of graph or eager;
+* :mod:`~sglang_spec.plugin.context_graphs`: the drafter context append (the accepted rows'
+  drafter K/V) as CUDA graphs per verify width and batch size;
 * :mod:`~sglang_spec.plugin.hooks`: the HookRegistry hook for the target's CUDA-graph capture;
 * :mod:`~sglang_spec.plugin.adapter`: every SGLang internal the plug-in relies on, with the
   expectations a CPU test checks per pinned SGLang version;

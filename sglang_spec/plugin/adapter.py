@@ -182,6 +182,10 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
         )
     ),
     **{f"{_W}.{name}": Member() for name in _DRAFT_BLOCK_BUFFERS},
+    f"{_W}._use_fused_kv_materialize": Member(),
+    # the target features the drafter projects: num_context_features x hidden_size columns
+    "sglang.srt.models.dflash:DFlashDraftModel.num_context_features": Member(),
+    "sglang.srt.models.dflash:DFlashDraftModel.config": Member(),
     f"{_W}._block_pos_offsets": Member(),
     f"{_W}._draft_block_spec_info": Member(),
     f"{_W}._mask_token_id": Member(),
@@ -396,6 +400,7 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "req_to_token_pool",
             "token_to_kv_pool_allocator",
             "watermark_state",
+            "dtype",
         )
     },
     "sglang.srt.model_executor.model_runner:ModelRunner.forward": Kw(("forward_batch",)),
@@ -899,6 +904,28 @@ def append_target_hidden_to_draft_kv(
         positions=positions,
         commit_lens=commit_lens,
     )
+
+
+@contextlib.contextmanager
+def per_layer_kv_append(worker: Any) -> Iterator[None]:
+    """DFLASH's prefix-valid writer through its per-layer path, not its fused helper
+    (``FusedKVMaterializeHelper``), while the drafter context append is captured: the helper
+    keeps a projection workspace that it replaces by a larger one when a call brings more rows
+    (any prefill does), which would leave a captured graph writing freed memory. The per-layer
+    path's tensors come from the graph's own pool."""
+    saved = worker._use_fused_kv_materialize
+    worker._use_fused_kv_materialize = False
+    try:
+        yield
+    finally:
+        worker._use_fused_kv_materialize = saved
+
+
+def target_feature_size(worker: Any) -> int:
+    """Columns of the target features the drafter projects (``DFlashDraftModel.fc``'s input):
+    its context layers x the hidden size."""
+    model = worker.draft_model
+    return int(model.num_context_features) * int(model.config.hidden_size)
 
 
 # ------------------------------------------------------------- EAGLE's verify coins

@@ -81,6 +81,7 @@ import sglang_spec.plugin.adapter as adapter
 import sglang_spec.plugin.draft_sampler as draft_sampler
 from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
 from sglang_spec.plugin.config import SYNC_WARNING, load_budget_policy, runtime_config
+from sglang_spec.plugin.context_graphs import ContextAppendGraphs, append_context
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
 from sglang_spec.plugin.verify_input import DDTreeVerifyInput, verify_input_from_tree
@@ -173,6 +174,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.stage_timer.instrument(self)
         if self.config.adaptive_config is not None:
             self.init_budgets()
+        self.context_append = self.build_context_append()
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker: %s; hooks=%s; patches expected=%s",
@@ -200,6 +202,25 @@ class DDTreeWorker(DFlashWorkerV2):
         walk (``sample_node_tokens``, a row kernel) reads the verify logits in place and
         allocates no ``[rows, V]`` buffer, so there is nothing of that size to reserve."""
         return super(DFlashWorkerV2, self).prewarm_sampling()
+
+    def build_context_append(self):
+        """The drafter context append (``append_context_stage``): with decode CUDA graphs on a
+        GPU, :class:`ContextAppendGraphs` over every candidate verify width (captured in
+        ``init_cuda_graphs``); otherwise the eager :func:`append_context`."""
+        append = functools.partial(adapter.append_target_hidden_to_draft_kv, self)
+        on_gpu = torch.device(self.device).type == "cuda"
+        graph_bs = adapter.decode_cuda_graph_bs() if on_gpu else None
+        if not graph_bs:
+            return functools.partial(append_context, append)
+        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
+        return ContextAppendGraphs(
+            append,
+            widths=[c.verify_width for c in configs],
+            graph_bs=graph_bs,
+            feature_size=adapter.target_feature_size(self),
+            dtype=self.target_worker.model_runner.dtype,
+            device=self.device,
+        )
 
     def init_budgets(self) -> None:
         """Budget by batch size: the controller and every candidate budget's config."""
@@ -231,6 +252,17 @@ class DDTreeWorker(DFlashWorkerV2):
         target captured."""
         super().init_cuda_graphs()
         draft_sampler.capture(self)
+        if isinstance(self.context_append, ContextAppendGraphs):
+            with adapter.per_layer_kv_append(self):
+                self.context_append.capture(adapter.graph_capture_scope)
+            if get_parallel().tp_rank == 0:
+                logger.info(
+                    "DDTREE drafter context append: %d CUDA graphs, widths %s, batch sizes up "
+                    "to %d.",
+                    len(self.context_append.graphs),
+                    self.context_append.widths,
+                    self.context_append.graph_bs[-1],
+                )
         self.warm_accept_compaction()
         if self.budgets is None:
             return
@@ -701,23 +733,19 @@ class DDTreeWorker(DFlashWorkerV2):
         first) lead each request's verify window, both in the target hidden states and in the KV
         slots, so the prefix-valid writer commits rows [0, accept_len) at positions prefix + i.
         A drafter sharing the target allocator (the non-compact DFlash layout DDTREE requires)
-        indexes those slots by the target's physical ids."""
+        indexes those slots by the target's physical ids. By graph replay where one covers the
+        step (context_graphs.py: 5 launches instead of some 20 and SGLang's checks)."""
         hidden = verified.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states (aux capture).")
         prefix_lens = committed.prefix_lens
         bs = int(prefix_lens.shape[0])
         n = self.config.verify_width
-        positions = (
-            prefix_lens.to(torch.int64).unsqueeze(1)
-            + torch.arange(n, device=prefix_lens.device, dtype=torch.int64)
-        ).reshape(-1)
-        adapter.append_target_hidden_to_draft_kv(
-            self,
-            target_hidden=hidden[: bs * n],
-            cache_loc_2d=batch.out_cache_loc[: bs * n].view(bs, n),
-            positions=positions,
-            commit_lens=walked.accept_lens.to(torch.int32),
+        self.context_append(
+            hidden[: bs * n],
+            batch.out_cache_loc[: bs * n].view(bs, n),
+            prefix_lens,
+            walked.accept_lens,
         )
 
     # ---------------------------------------------------------------------- results

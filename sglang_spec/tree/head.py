@@ -23,7 +23,7 @@ Plain torch (Triton on CUDA through the tree build), no serving framework.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +149,31 @@ class StaticDraftTree:
         return DraftTree(**{f: getattr(out, f)[:bs] for f in TREE_FIELDS}, horizon=out.horizon)
 
 
+def capture_graphs(
+    run: Callable[[int, int], None],
+    keys: Iterable[int],
+    graph_bs: list[int],
+    capture_scope: Callable[[], ContextManager[tuple[Any, Any]]],
+) -> dict[tuple[int, int], torch.cuda.CUDAGraph]:
+    """One CUDA graph of ``run(key, bs)`` per key and batch size, largest key and batch first
+    so the smaller ones reuse the memory pool. ``capture_scope()`` yields the stream and the
+    memory pool to capture with (the serving framework's, so collectives inside are
+    capturable). Two eager warm-ups before each capture: they compile the kernels and leave the
+    caching allocator steady."""
+    graphs = {}
+    with capture_scope() as (stream, pool):
+        for key in sorted(keys, reverse=True):
+            for bs in sorted(graph_bs, reverse=True):
+                for _ in range(2):
+                    run(key, bs)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    run(key, bs)
+                graphs[(key, bs)] = graph
+    torch.cuda.synchronize()
+    return graphs
+
+
 class DraftTreeGraphs:
     """One CUDA graph per (budget, batch size) from the staged drafter block to that budget's tree
     (module docstring): a step at budget ``b`` runs only ``b``'s head depths, top-K and tree.
@@ -190,20 +215,8 @@ class DraftTreeGraphs:
         self.trees[budget](self.staged.hidden[:bs], self.staged.roots[:bs])
 
     def capture(self, capture_scope: Callable[[], ContextManager[tuple[Any, Any]]]) -> None:
-        """Capture every (budget, batch size), largest first so the smaller ones reuse the
-        memory pool. ``capture_scope()`` yields the stream and the memory pool to capture with
-        (the serving framework's, so collectives inside are capturable). Two eager warm-ups
-        first: they compile the kernels and leave the caching allocator steady."""
-        with capture_scope() as (stream, pool):
-            for budget in sorted(self.trees, reverse=True):
-                for bs in reversed(self.graph_bs):
-                    for _ in range(2):
-                        self._run(budget, bs)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._run(budget, bs)
-                    self.graphs[(budget, bs)] = graph
-        torch.cuda.synchronize()
+        """Capture every (budget, batch size) (:func:`capture_graphs`)."""
+        self.graphs.update(capture_graphs(self._run, self.trees, self.graph_bs, capture_scope))
 
     def tree(self, bs: int, budget: int) -> DraftTree:
         """``budget``'s tree of the staged block's first ``bs`` rows, by graph replay once
