@@ -230,6 +230,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
             choose_wy_block_v,
             tree_gated_delta_rule_wy,
             tree_wy_scratch,
+            wy_block_rows,
             wy_scratch_width,
         )
 
@@ -294,7 +295,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     )
     t_fused = time_us(fused, device, args.reps)
     if args.wy:
-        wy["wy_bv"] = choose_wy_block_v(dv)
+        wy["wy_bv"] = choose_wy_block_v(dv, wy_block_rows(n))
         wy["wy_us"] = time_us(wy_call, device, args.reps)
         wy["wy_vs_walk"] = wy["wy_us"] / t_ours
         wy["wy_fused_us"] = time_us(wy_fused, device, args.reps)

@@ -259,3 +259,21 @@ def test_trees_past_the_widest_are_refused_before_any_launch():
             tree_wy_scratch(1, n, 1, "cpu"),
             torch.zeros(n, 1, 16),
         )
+
+
+def test_one_block_trees_take_the_wider_value_tile():
+    """Trees of one 16-row block (budgets up to 15) get 64 value columns a program, wider trees
+    32 (the H100's and H200's fastest tiles, module docstring); a head narrower than the tile
+    gets its own width rounded up, an override wins."""
+    from sglang_spec.gdn.triton_tree_wy import choose_wy_block_v, wy_block_rows
+
+    assert [choose_wy_block_v(128, wy_block_rows(n)) for n in (2, 8, 16, 17, 64)] == [
+        64,
+        64,
+        64,
+        32,
+        32,
+    ]
+    assert choose_wy_block_v(32, wy_block_rows(8)) == 32
+    assert choose_wy_block_v(8, wy_block_rows(8)) == 16
+    assert choose_wy_block_v(128, wy_block_rows(8), override=16) == 16

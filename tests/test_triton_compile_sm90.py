@@ -226,10 +226,12 @@ def _cubin_resources(asm: dict) -> tuple[dict, str]:
     return res, sass
 
 
+@pytest.mark.parametrize("bn", [16, 64])
 @pytest.mark.parametrize("sglang_mode,ring", [(False, False), (True, False), (True, True)])
-def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
+def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring, bn):
     """The verify's WY kernels (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
-    N = 64, W = 16) with the value tile and warps their launcher picks, in every mode (SGLang's:
+    N = 16 and 64: one row block with its wider value tile, and four, W = 16) with the value tile
+    and warps their launcher picks (no solve launch for one block), in every mode (SGLang's:
     bf16 q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack
     frame, no local memory and no local stores (``STL``) in the SASS of any of the three launches.
     Triton 3.6 only (the H200's): Triton 3.8 spills the kkt launch (24 bytes in the SGLang + ring
@@ -238,11 +240,11 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
         pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
     from sglang_spec.gdn import triton_tree_wy as wy
 
-    bv = wy.choose_wy_block_v(128)
-    base = dict(HV=48, GRP=3, DK=128, BK=128, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=64, W=16)
+    bv = wy.choose_wy_block_v(128, bn)
+    base = dict(HV=48, GRP=3, DK=128, BK=128, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
     base |= dict(SGLANG=sglang_mode, RING=ring)
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
-    solve = dict(HV=48, BT=wy.BT, BN=64, SGLANG=sglang_mode, PREC=wy.WY_DOT_PRECISION)
+    solve = dict(HV=48, BT=wy.BT, BN=bn, SGLANG=sglang_mode, PREC=wy.WY_DOT_PRECISION)
     kernels = [
         (wy._wy_kkt_kernel, base | dict(BW=16, PREC=wy.WY_DOT_PRECISION), wy.KKT_WARPS),
         (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
@@ -252,6 +254,8 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring):
             wy.WY_WARPS,
         ),
     ]
+    if bn == wy.BT:
+        del kernels[1]
     for fn, consts, warps in kernels:
         asm = compile_sm90(
             fn,
@@ -314,7 +318,7 @@ def test_wy_output_launch_fits_an_h200_block_up_to_the_widest_tree(dims):
 
     def shared(bn: int, tiled: bool) -> int:
         consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
-        consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d))
+        consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d, bn))
         consts |= dict(PREC=wy.WY_DOT_PRECISION, TILED=tiled, RB=wy.TILE_ROWS)
         asm = compile_sm90(
             wy._wy_out_kernel,

@@ -71,9 +71,13 @@ from .triton_tree_recurrence import _sglang_beta, _sglang_g
 BT = 16
 
 #: The output launch's value tile and warps: on the H200 (one Qwen3.6-27B GDN layer, bs 1-32,
-#: N 16 and 64, session 20) 32 columns on 4 warps was the fastest of (32 | 64 columns) x (4 | 8
-#: warps) in every cell.
+#: N 16 and 64, session 20) 32 columns on 4 warps was the fastest of 32 x (4 | 8 warps) and
+#: 64 x 8 in every cell. Trees of one ``BT``-row block (budgets up to 15) take
+#: ``WY_BLOCK_V_ONE_BLOCK`` columns instead: 64 x 4, never timed in session 20, was the fastest on
+#: an H100 at N 8 and 16 (session 32: 55 against 64 us at bs 16, 103 against 120 at bs 32, 14 at
+#: bs 1 either way), as the programs that re-read each tile's ``k`` / ``q`` rows halve.
 WY_BLOCK_V = 32
+WY_BLOCK_V_ONE_BLOCK = 64
 
 #: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90).
 KKT_K_SLICE = 32
@@ -600,15 +604,17 @@ def _wy_out_kernel(
     tl.store(o_tile, tl.where(real[:, None], o, 0.0).to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
-def choose_wy_block_v(dv: int, override: int | None = None) -> int:
-    """The output launch's value tile: ``WY_BLOCK_V`` columns, or ``dv`` rounded up to a power of
-    two when that is narrower (at least 16: ``tl.dot``'s smallest tile); ``override`` (a power of
-    two >= 16) as is."""
+def choose_wy_block_v(dv: int, bn: int, override: int | None = None) -> int:
+    """The output launch's value tile for ``bn`` rows (:func:`wy_block_rows`):
+    ``WY_BLOCK_V_ONE_BLOCK`` columns for a tree of one ``BT``-row block, else ``WY_BLOCK_V``, or
+    ``dv`` rounded up to a power of two when that is narrower (at least 16: ``tl.dot``'s smallest
+    tile); ``override`` (a power of two >= 16) as is."""
     if override is not None:
         if override < 16 or override & (override - 1):
             raise ValueError(f"block_v must be a power of two >= 16; got {override}")
         return override
-    return max(16, min(WY_BLOCK_V, triton.next_power_of_2(dv)))
+    widest = WY_BLOCK_V_ONE_BLOCK if bn <= BT else WY_BLOCK_V
+    return max(16, min(widest, triton.next_power_of_2(dv)))
 
 
 def wy_block_rows(n: int) -> int:
@@ -731,7 +737,7 @@ def launch_wy_kernels(
             PREC=WY_DOT_PRECISION,
             num_warps=KKT_WARPS,
         )
-    bv = choose_wy_block_v(dv, block_v)
+    bv = choose_wy_block_v(dv, bn, block_v)
     tiled = bn > MAX_ONE_TILE_NODES
     by_row = (
         torch.empty(bs * hv, 3, bn, dv, dtype=torch.float32, device=o.device) if tiled else o
