@@ -396,11 +396,13 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def physical_cores(sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
-    """This process's allowed logical CPUs grouped by physical core (a core's hardware threads
-    together, from sysfs's ``thread_siblings_list``; a CPU sysfs says nothing about is a core of
-    its own), in the order of their lowest CPU."""
-    allowed = sorted(os.sched_getaffinity(0))
+def physical_cores(
+    sysfs: Path = SYSFS_CPU, cpus: frozenset[int] | None = None
+) -> list[frozenset[int]]:
+    """The logical CPUs ``cpus`` (default: this process's allowed ones) grouped by physical core (a
+    core's hardware threads together, from sysfs's ``thread_siblings_list``; a CPU sysfs says
+    nothing about is a core of its own), in the order of their lowest CPU."""
+    allowed = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
     cores: list[frozenset[int]] = []
     for cpu in allowed:
         try:
@@ -448,7 +450,7 @@ def pin_scheduler(
     (tokenizer, detokenizer, launcher) on the rest, so that none shares the scheduler's core.
     Returns the scheduler's pid; None (nothing moved) when the block is one core or the group has
     no scheduler."""
-    cores = [core for core in physical_cores(sysfs) if core <= cpus]
+    cores = physical_cores(sysfs, cpus)  # not this process's CPUs: the harness has its own block
     if len(cores) < 2:
         return None
     own, rest = cores[0], frozenset().union(*cores[1:])
