@@ -179,11 +179,14 @@ def server_config(
     return kit.with_args(cfg, kit.kit_args(speculative), ours, graphs, extra or {})
 
 
-def run_server(label, cfg, prompts, args, index: int = 0):
+def run_server(label, cfg, prompts, args, results: list[dict], index: int = 0) -> dict:
     """Start ``label``'s server (the ``index``-th), exercise it (checks, load test, abort check)
-    and stop it."""
+    and stop it. Its record joins ``results`` first, so that what ran stays in it when the call's
+    time limit interrupts (session 32: a limit that struck while the last server stopped lost
+    that server's greedy checks)."""
     srv = _server(label, cfg, args, args.port, index)
     res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
+    results.append(res)
     try:
         with srv:
             res["start_s"] = srv.start_s
@@ -196,6 +199,10 @@ def run_server(label, cfg, prompts, args, index: int = 0):
         res["ok"] = True
     except HARNESS_ERRORS as e:
         res["error"] = kit.http_error_text(e)
+    except KeyboardInterrupt as e:  # the call's time limit (kit.sigterm_as_interrupt)
+        res["error"] = f"interrupted ({e})"
+        finish(res, srv, args)
+        raise
     finish(res, srv, args)
     return res
 
@@ -696,13 +703,14 @@ def main(argv: list[str] | None = None) -> int:
             results = run_interleaved([(spec, config(spec)) for spec in specs], prompts, args)
             for res, spec, report in zip(results, specs, reports, strict=True):
                 annotate(res, spec, report)
-        for i, spec in enumerate([] if args.interleave else specs):
-            print(f"=== {spec}", flush=True)
-            report = patch(spec)
-            results.append(run_server(spec, config(spec), prompts, args, i))
-            annotate(results[-1], spec, report)
+        try:
+            for i, spec in enumerate([] if args.interleave else specs):
+                print(f"=== {spec}", flush=True)
+                report = patch(spec)
+                annotate(run_server(spec, config(spec), prompts, args, results, i), spec, report)
+                Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
+        finally:  # an interrupted server's record too
             Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
-    Path(args.out, "e2e.json").write_text(json.dumps(results, indent=1))
     summarize(results, baseline)
     print_stage_tables(results, Path(args.out, "stages"))
     if args.sweep:

@@ -395,6 +395,26 @@ def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, ca
     assert (tmp_path / "out" / "server_dflash.log").exists()
 
 
+def test_a_time_limit_while_a_server_stops_keeps_its_record(tmp_path, monkeypatch):
+    """A call's time limit (SIGTERM, raised as KeyboardInterrupt) that strikes while the last
+    server stops still leaves that server's checks in e2e.json, marked interrupted."""
+    stop = kit.Server.stop
+
+    def stop_then_interrupt(self):
+        stop(self)
+        if "DFLASH" in " ".join(self.cmd):
+            raise KeyboardInterrupt("signal 15")
+
+    monkeypatch.setattr(kit.Server, "stop", stop_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _main(tmp_path, monkeypatch, "ar,dflash")
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["label"] for r in results] == ["ar", "dflash"]
+    assert results[0]["ok"] and not results[1]["ok"]
+    assert results[1]["error"] == "interrupted (signal 15)"
+    assert len(results[1]["greedy"]) == 2 == len(results[1]["greedy_concurrent"])
+
+
 def test_cli_refuses_bad_input_before_anything_runs(tmp_path, monkeypatch, capsys):
     assert _main(tmp_path, monkeypatch, "ar,ddtree16+fast") == 2
     assert "unknown server 'ddtree16+fast'" in capsys.readouterr().err
