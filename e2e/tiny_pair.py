@@ -207,12 +207,27 @@ def run_server(label, cfg, prompts, args, results: list[dict], index: int = 0) -
     return res
 
 
-def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> list[dict]:
+def run_interleaved(
+    servers: list[tuple[str, ServerConfig]], prompts, args, results: list[dict]
+) -> None:
     """``--interleave``: every server up at once (started one after another, each answering
     before the next starts; ports ``--port`` + i; ``--sleep-on-idle``), each checked in turn,
     then ONE load test over all of them with their levels interleaved (``loadtests.sweep`` with a
-    ``--base-url`` per server), then the abort checks, then all stopped."""
-    results, running = [], []
+    ``--base-url`` per server), then the abort checks, then all stopped. Each server's record
+    joins ``results`` as it starts (what ran stays there when the call's time limit interrupts)."""
+    running = []
+    try:
+        _interleave(servers, prompts, args, results, running)
+    except KeyboardInterrupt as e:  # the call's time limit (kit.sigterm_as_interrupt)
+        for res in results:  # none stopped cleanly (run_server's ok is after its stop, too)
+            res["ok"] = False
+            res.setdefault("error", f"interrupted ({e})")
+        raise
+    for res, srv in running:  # after every server stopped: their whole logs
+        finish(res, srv, args)
+
+
+def _interleave(servers, prompts, args, results: list[dict], running: list) -> None:
     with contextlib.ExitStack() as stack:
         for i, (label, cfg) in enumerate(servers):
             print(
@@ -246,9 +261,6 @@ def run_interleaved(servers: list[tuple[str, ServerConfig]], prompts, args) -> l
                 res["ok"] = True
             except HARNESS_ERRORS as e:
                 res["error"] = kit.http_error_text(e)
-    for res, srv in running:  # after every server stopped: their whole logs
-        finish(res, srv, args)
-    return results
 
 
 HARNESS_ERRORS = (
@@ -696,14 +708,14 @@ def main(argv: list[str] | None = None) -> int:
         if "stages" in parse_server(spec)[2]:
             res["stages"] = summarize_stage_file(Path(args.out, "stages"), _slug(spec))
 
-    results = []
+    results: list[dict] = []
     with kit.sigterm_as_interrupt():  # a timed-out call stops its servers (Server.__exit__)
-        if args.interleave:  # every server runs at once: the patches go on before any starts
-            reports = [patch(spec) for spec in specs]
-            results = run_interleaved([(spec, config(spec)) for spec in specs], prompts, args)
-            for res, spec, report in zip(results, specs, reports, strict=True):
-                annotate(res, spec, report)
         try:
+            if args.interleave:  # every server runs at once: the patches go on before any starts
+                reports = [patch(spec) for spec in specs]
+                run_interleaved([(spec, config(spec)) for spec in specs], prompts, args, results)
+                for res, spec, report in zip(results, specs, reports, strict=True):
+                    annotate(res, spec, report)
             for i, spec in enumerate([] if args.interleave else specs):
                 print(f"=== {spec}", flush=True)
                 report = patch(spec)

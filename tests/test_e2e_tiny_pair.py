@@ -395,9 +395,11 @@ def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, ca
     assert (tmp_path / "out" / "server_dflash.log").exists()
 
 
-def test_a_time_limit_while_a_server_stops_keeps_its_record(tmp_path, monkeypatch):
+@pytest.mark.parametrize("interleave", [False, True])
+def test_a_time_limit_while_a_server_stops_keeps_its_record(tmp_path, monkeypatch, interleave):
     """A call's time limit (SIGTERM, raised as KeyboardInterrupt) that strikes while the last
-    server stops still leaves that server's checks in e2e.json, marked interrupted."""
+    server stops still leaves that server's checks in e2e.json, marked interrupted, with the
+    servers one after another and interleaved."""
     stop = kit.Server.stop
 
     def stop_then_interrupt(self):
@@ -407,10 +409,11 @@ def test_a_time_limit_while_a_server_stops_keeps_its_record(tmp_path, monkeypatc
 
     monkeypatch.setattr(kit.Server, "stop", stop_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        _main(tmp_path, monkeypatch, "ar,dflash")
+        _main(tmp_path, monkeypatch, "ar,dflash", *(["--interleave"] if interleave else []))
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert [r["label"] for r in results] == ["ar", "dflash"]
-    assert results[0]["ok"] and not results[1]["ok"]
+    assert not results[1]["ok"] and results[0]["ok"] is not interleave  # interleaved: all stop last
+    assert results[0].get("error") == ("interrupted (signal 15)" if interleave else None)
     assert results[1]["error"] == "interrupted (signal 15)"
     assert len(results[1]["greedy"]) == 2 == len(results[1]["greedy_concurrent"])
 
