@@ -1,11 +1,12 @@
-"""``python -m e2e.tiny_bar SWEEPS_DIR``: issue 15's tiny-pair load-sweep bar from one run (CPU).
+"""``python -m e2e.tiny_bar SWEEPS_DIR...``: issue 15's tiny-pair load-sweep bar (CPU).
 
 The bar: adaptive DDTREE's output tokens/s >= DFLASH's and >= AR's at every concurrency C, and
 within 5 % of the best fixed DDTREE budget's. ``SWEEPS_DIR`` is an ``e2e.tiny_pair`` run's
 ``sweeps/`` folder (one ``loadtests.sweep`` JSONL per server; the servers named as
 ``tiny_pair`` names them: ``ar...``, ``dflash...``, ``ddtree<budget>...`` and one
-``ddtree<budget>...+adaptive``), best from ``e2e/h200_adaptive.sh PARTS=interleaved``, whose
-levels alternate between the servers.
+``ddtree<budget>...+adaptive``), from ``e2e/h200_adaptive.sh PARTS=interleaved``, whose levels
+alternate between the servers, or from runs of one server after another; several folders when
+the servers ran in several calls (session 32: four servers one after another outran one call).
 
 A concurrency swept P times (``SWEEP_PASSES``) has P levels per server; the k-th level of every
 server at C is pass k. Each ratio is taken within a pass (servers measured seconds apart in an
@@ -45,10 +46,12 @@ NEAR_BEST = 0.95  # the bar: within 5 % of the best fixed budget
 STEP_FIELDS = ("tokens_per_step", "median_chunk_gap_ms")  # the second table's, when recorded
 
 
-def load_runs(folder: Path) -> dict[str, dict[int, list[dict]]]:
-    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folder``."""
+def load_runs(*folders: Path) -> dict[str, dict[int, list[dict]]]:
+    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folders`` (one
+    server in one file only: the servers of a bar split over calls, each call's sweeps folder)."""
     runs: dict[str, dict[int, list[dict]]] = {}
-    for path in sorted(folder.glob("*.jsonl")):
+    paths = [p for folder in folders for p in folder.glob("*.jsonl")]
+    for path in sorted(paths, key=lambda p: (p.name, str(p))):  # the servers' order: by file name
         levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
         labels = {lv.get("label") for lv in levels}
         if len(labels) != 1 or None in labels:
@@ -234,15 +237,22 @@ def _steps_markdown(rows: list[dict], servers: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.tiny_bar", description=__doc__.splitlines()[0])
-    ap.add_argument("sweeps", type=Path, help="an e2e.tiny_pair run's sweeps/ folder")
+    ap.add_argument(
+        "sweeps",
+        type=Path,
+        nargs="+",
+        help="e2e.tiny_pair runs' sweeps/ folders (several: a bar whose servers ran in several "
+        "calls, each server in one)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     try:
-        if not args.sweeps.is_dir():
-            raise kit.HarnessError(f"{args.sweeps}: no such folder (an e2e.tiny_pair --out/sweeps)")
-        runs = load_runs(args.sweeps)
+        for folder in args.sweeps:
+            if not folder.is_dir():
+                raise kit.HarnessError(f"{folder}: no such folder (an e2e.tiny_pair --out/sweeps)")
+        runs = load_runs(*args.sweeps)
         if not runs:
-            raise kit.HarnessError(f"{args.sweeps}: no sweep JSONL files")
+            raise kit.HarnessError(f"{' '.join(map(str, args.sweeps))}: no sweep JSONL files")
         rows = verdict(runs)
     except (kit.HarnessError, KeyError, ValueError) as e:
         print(f"python -m e2e.tiny_bar: {e}", file=sys.stderr)

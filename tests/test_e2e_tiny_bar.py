@@ -55,6 +55,23 @@ def test_ratios_are_taken_within_a_pass_and_the_verdict_reads_their_median(tmp_p
     assert "issue 15 tiny bar: met at every C" in text
 
 
+def test_servers_split_over_calls_read_from_several_folders(tmp_path, capsys):
+    """The servers of one bar in two calls' sweeps folders give the verdict one folder gives; a
+    server in both is refused."""
+    d = _run(tmp_path, [(1, 1200), (2, 2208), (1, 800), (2, 1472)])
+    assert tiny_bar.main([str(d)]) == 0
+    whole = capsys.readouterr().out
+    second = tmp_path / "call2"
+    second.mkdir()
+    for name in ("ddtree63_graphs.jsonl", "ddtree63_graphs_adaptive.jsonl"):
+        (d / name).rename(second / name)
+    assert tiny_bar.main([str(d), str(second)]) == 0
+    assert capsys.readouterr().out == whole
+    (second / "again.jsonl").write_text((d / "ar_graphs.jsonl").read_text())
+    assert tiny_bar.main([str(d), str(second)]) == 2
+    assert "a second file of server 'ar+graphs'" in capsys.readouterr().err
+
+
 def test_a_miss_is_named_with_its_concurrency(tmp_path, capsys):
     # C = 1: below DFLASH in both passes; C = 2: 0.9x the best fixed
     d = _run(tmp_path, [(1, 950), (2, 2070), (1, 600), (2, 1380)])
