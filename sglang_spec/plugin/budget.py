@@ -68,6 +68,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_spec.tree.head import captured_batch_size
+
 CONFIG_KEYS = ("cost_ms", "ema_alpha", "hysteresis", "warmup_steps", "probe_interval")
 
 
@@ -227,12 +229,10 @@ class BudgetController:
 
     # -------------------------------------------------------------------------- routing
     def bucket_of(self, batch_size: int) -> int:
-        padded = batch_size
+        padded = None
         if self.cuda_graph_bs is not None:
-            i = bisect.bisect_left(self.cuda_graph_bs, batch_size)
-            if i < len(self.cuda_graph_bs):
-                padded = self.cuda_graph_bs[i]
-        return self.policy.bucket(padded)
+            padded = captured_batch_size(self.cuda_graph_bs, batch_size)
+        return self.policy.bucket(batch_size if padded is None else padded)
 
     def measured_by(self, budget: int) -> tuple[int, ...]:
         """The candidate budgets one step at ``budget`` measures (nested trees), ascending."""

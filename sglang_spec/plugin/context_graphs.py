@@ -20,14 +20,13 @@ the host; importing this module does not import SGLang.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
-from sglang_spec.tree.head import capture_graphs
+from sglang_spec.tree.head import capture_graphs, captured_batch_size
 
 #: ``append(target_hidden=, cache_loc_2d=, positions=, commit_lens=)``: the prefix-valid writer.
 AppendFn = Callable[..., None]
@@ -86,12 +85,6 @@ class ContextAppendGraphs:
         self.commit_lens = torch.zeros(self.graph_bs[-1], dtype=torch.int32, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
-    def padded_bs(self, bs: int) -> int | None:
-        """The captured batch size a step of ``bs`` requests replays (the smallest >= bs), or None
-        past the largest."""
-        i = bisect.bisect_left(self.graph_bs, bs)
-        return self.graph_bs[i] if i < len(self.graph_bs) else None
-
     def _run_static(self, width: int, bs: int) -> None:
         append_context(
             self.append,
@@ -119,7 +112,7 @@ class ContextAppendGraphs:
     ) -> bool:
         """:func:`append_context` of one decode step; True when a graph replay ran it."""
         bs, width = cache_loc_2d.shape
-        padded = self.padded_bs(bs)
+        padded = captured_batch_size(self.graph_bs, bs)
         graph = None if padded is None else self.graphs.get((width, padded))
         if graph is None:
             append_context(self.append, hidden, cache_loc_2d, prefix_lens, commit_lens)

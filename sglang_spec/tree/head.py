@@ -23,7 +23,7 @@ Plain torch (Triton on CUDA through the tree build), no serving framework.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -149,6 +149,13 @@ class StaticDraftTree:
         return DraftTree(**{f: getattr(out, f)[:bs] for f in TREE_FIELDS}, horizon=out.horizon)
 
 
+def captured_batch_size(graph_bs: Sequence[int], bs: int) -> int | None:
+    """The captured batch size a step of ``bs`` requests replays: the smallest of the ascending
+    ``graph_bs`` >= bs, or None past the largest."""
+    i = bisect.bisect_left(graph_bs, bs)
+    return graph_bs[i] if i < len(graph_bs) else None
+
+
 def capture_graphs(
     run: Callable[[int, int], None],
     keys: Iterable[int],
@@ -203,13 +210,14 @@ class DraftTreeGraphs:
         self.staged(hidden_states, input_ids)
 
     def padded_bs(self, bs: int) -> int:
-        """The captured batch size a step of ``bs`` requests replays: the smallest one >= bs."""
-        i = bisect.bisect_left(self.graph_bs, bs)
-        if i == len(self.graph_bs):
+        """The captured batch size a step of ``bs`` requests replays (:func:`captured_batch_size`);
+        past the largest, an error."""
+        padded = captured_batch_size(self.graph_bs, bs)
+        if padded is None:
             raise ValueError(
                 f"batch size {bs} exceeds the largest captured one, {self.graph_bs[-1]}"
             )
-        return self.graph_bs[i]
+        return padded
 
     def _run(self, budget: int, bs: int) -> None:
         self.trees[budget](self.staged.hidden[:bs], self.staged.roots[:bs])
