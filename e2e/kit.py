@@ -438,7 +438,7 @@ def cpu_blocks(n: int, sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
     return blocks
 
 
-SCHEDULER_TITLE = "sglang::scheduler"  # SGLang's scheduler process titles itself so
+SCHEDULER_TITLE = "sglang::scheduler"  # what SGLang's scheduler sets as its title (setproctitle)
 
 
 def pin_scheduler(
