@@ -234,23 +234,32 @@ def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring, bn):
     and warps their launcher picks (no solve launch for one block), in every mode (SGLang's:
     bf16 q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack
     frame, no local memory and no local stores (``STL``) in the SASS of any of the three launches.
-    Triton 3.6 only (the H200's): Triton 3.8 spills the kkt launch (24 bytes in the SGLang + ring
-    mode) where 3.6 does not."""
+    Triton 3.6 only (the device's): Triton 3.8 spills the kkt launch where 3.6 does not (8 bytes in
+    the plain mode on 2 warps; 24 in the SGLang + ring mode on 4 warps, before session 33). Run it
+    here against a Triton 3.6 wheel: ``pip install --target /tmp/t36 triton==3.6.0`` and
+    ``PYTHONPATH=/tmp/t36 python -m pytest tests/test_triton_compile_sm90.py -k wy``; with 32-column
+    kkt slices on 2 warps it fails (16 bytes in the SGLang + ring mode)."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
     from sglang_spec.gdn import triton_tree_wy as wy
 
     bv = wy.choose_wy_block_v(128, bn)
-    base = dict(HV=48, GRP=3, DK=128, BK=128, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
+    base = dict(HV=48, GRP=3, DK=128, BK=128, BT=wy.BT, BN=bn, W=16)
     base |= dict(SGLANG=sglang_mode, RING=ring)
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
     solve = dict(HV=48, BT=wy.BT, BN=bn, SGLANG=sglang_mode, PREC=wy.WY_DOT_PRECISION)
     kernels = [
-        (wy._wy_kkt_kernel, base | dict(BW=16, PREC=wy.WY_DOT_PRECISION), wy.KKT_WARPS),
+        (
+            wy._wy_kkt_kernel,
+            base | dict(BW=16, BKC=wy.KKT_K_SLICE, PREC=wy.WY_DOT_PRECISION),
+            wy.KKT_WARPS,
+        ),
         (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
         (
             wy._wy_out_kernel,
-            base | dict(DV=128, BV=bv, PREC=wy.WY_DOT_PRECISION, TILED=False, RB=wy.TILE_ROWS),
+            base
+            | dict(DV=128, BV=bv, BKC=wy.OUT_K_SLICE, PREC=wy.WY_DOT_PRECISION)
+            | dict(TILED=False, RB=wy.TILE_ROWS),
             wy.WY_WARPS,
         ),
     ]
@@ -317,7 +326,7 @@ def test_wy_output_launch_fits_an_h200_block_up_to_the_widest_tree(dims):
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr")
 
     def shared(bn: int, tiled: bool) -> int:
-        consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.KKT_K_SLICE, BT=wy.BT, BN=bn, W=16)
+        consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.OUT_K_SLICE, BT=wy.BT, BN=bn, W=16)
         consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d, bn))
         consts |= dict(PREC=wy.WY_DOT_PRECISION, TILED=tiled, RB=wy.TILE_ROWS)
         asm = compile_sm90(
