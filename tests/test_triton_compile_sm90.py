@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -226,56 +227,140 @@ def _cubin_resources(asm: dict) -> tuple[dict, str]:
     return res, sass
 
 
+def record_launches(module, kernels: tuple[str, ...], call) -> list[tuple]:
+    """The launches ``call()`` makes of ``module``'s Triton kernels named ``kernels``, recorded
+    instead of run (on CPU tensors): ``(jit function, arguments by parameter name, num_warps)``
+    each, in launch order."""
+    launches = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def launch(*args, num_warps, **kwargs):
+                names = [p.name for p in self.fn.params]
+                launches.append((self.fn, dict(zip(names, args)) | kwargs, num_warps))
+
+            return launch
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in kernels:
+            mp.setattr(module, name, Recorder(getattr(module, name)))
+        call()
+    return launches
+
+
+def compile_sm90_as_launched(jit_fn, values: dict, num_warps: int) -> dict:
+    """Compile ``jit_fn`` for sm_90 as Triton's launcher would for the argument ``values`` (as
+    :func:`record_launches` gives them): every run-time argument specialised by Triton's own rule
+    (``native_specialize_impl``: 16-byte aligned pointers and integers divisible by 16 marked so,
+    integers equal to 1 made constants), so that loads and stores vectorise as on the device.
+    :func:`compile_sm90` marks nothing and can spill where the launched kernel does not (session
+    33: the kkt launch on 2 warps, 16 bytes a thread there, none as launched)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    sig, consts, attrs = {}, {}, {}
+    for i, param in enumerate(jit_fn.params):
+        value = values[param.name]
+        if param.is_constexpr:
+            sig[param.name], consts[(i,)] = "constexpr", value
+            continue
+        ty, spec = native_specialize_impl(
+            BaseBackend,
+            value,
+            False,
+            not param.do_not_specialize,
+            not param.do_not_specialize_on_alignment,
+        )
+        if ty == "constexpr":
+            sig[param.name], consts[(i,)] = ty, spec
+            continue
+        sig[param.name] = ty
+        if spec:
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
+    src = ASTSource(fn=jit_fn, signature=sig, constexprs=consts, attrs=attrs)
+    kernel = triton.compile(src, target=SM90, options=dict(num_warps=num_warps))
+    return {**kernel.asm, "shared": kernel.metadata.shared}
+
+
+def wy_launches_27b(sglang_mode: bool, ring: bool, n: int) -> list[tuple]:
+    """The WY verify's launches (:func:`record_launches`) for two requests of ``n``-node trees at
+    the 27B shape (Hk 16, Hv 48, K = V = 128, W = 16): the SGLang mode as patch 0002 calls it
+    (``gdn_tree_verify_wy`` on strided bf16 q/k/v views of the conv output, bf16 gate inputs, the
+    fp32 pool, the ring of bf16 raw k/v and fp32 g/beta), or the plain mode
+    (``tree_gated_delta_rule_wy`` on contiguous fp32 inputs)."""
+    from sglang_spec.gdn import tree_paths
+    from sglang_spec.gdn import triton_tree_wy as wy
+    from sglang_spec.gdn.sglang_verify import gdn_tree_verify_wy
+
+    hk, hv, d, bs, t = 16, 48, 128, 2, 2 * n
+    parents = torch.tensor([[-1] + [(i - 1) // 4 for i in range(1, n)]] * bs)
+    paths = tree_paths(parents, width=16).to(torch.int32)
+    if not sglang_mode:
+        f32 = dict(dtype=torch.float32)
+        qk = [torch.zeros(bs, n, hk, d, **f32) for _ in range(2)]
+        gb = [torch.zeros(bs, n, hv, **f32) for _ in range(2)]
+        s0 = torch.zeros(bs, hv, d, d, **f32)
+
+        def call():
+            wy.tree_gated_delta_rule_wy(*qk, torch.zeros(bs, n, hv, d, **f32), *gb, paths, s0)
+
+    else:
+        bf16 = dict(dtype=torch.bfloat16)
+        mixed = torch.zeros(t, 2 * hk * d + hv * d, **bf16)
+        q, k, v = torch.split(mixed, [hk * d, hk * d, hv * d], dim=-1)
+        a, b = torch.split(torch.zeros(t, 2 * hv, **bf16), [hv, hv], dim=-1)
+        rows = torch.arange(bs, dtype=torch.int32)
+        rings = (
+            torch.zeros(bs, hk, n, d, **bf16),
+            torch.zeros(bs, hv, n, d, **bf16),
+            torch.zeros(bs, hv, n),
+            torch.zeros(bs, hv, n),
+        )
+
+        def call():
+            gdn_tree_verify_wy(
+                *(x.view(1, t, -1, d) for x in (q, k, v)),
+                a,
+                b,
+                torch.zeros(hv),
+                torch.zeros(hv, **bf16),
+                torch.zeros(bs + 1, hv, d, d),
+                rows,
+                paths,
+                wy.tree_wy_scratch(bs, n, hv, "cpu"),
+                ring=rings if ring else None,
+                ring_rows=rows if ring else None,
+            )
+
+    return record_launches(wy, ("_wy_kkt_kernel", "_wy_solve_kernel", "_wy_out_kernel"), call)
+
+
 @pytest.mark.parametrize("bn", [16, 64])
 @pytest.mark.parametrize("sglang_mode,ring", [(False, False), (True, False), (True, True)])
 def test_wy_kernels_compile_for_sm90_without_spilling(sglang_mode, ring, bn):
-    """The verify's WY kernels (``triton_tree_wy``) at the 27B shape (Hk 16, Hv 48, K = V = 128,
-    N = 16 and 64: one row block with its wider value tile, and four, W = 16) with the value tile
-    and warps their launcher picks (no solve launch for one block), in every mode (SGLang's:
-    bf16 q/k/v, gate inputs, output and raw ring, fp32 pool; ``gdn_tree_verify_wy``): no stack
-    frame, no local memory and no local stores (``STL``) in the SASS of any of the three launches.
-    Triton 3.6 only (the device's): Triton 3.8 spills the kkt launch where 3.6 does not (8 bytes in
-    the plain mode on 2 warps; 24 in the SGLang + ring mode on 4 warps, before session 33). Run it
-    here against a Triton 3.6 wheel: ``pip install --target /tmp/t36 triton==3.6.0`` and
-    ``PYTHONPATH=/tmp/t36 python -m pytest tests/test_triton_compile_sm90.py -k wy``; with 32-column
-    kkt slices on 2 warps it fails (16 bytes in the SGLang + ring mode)."""
-    if not triton.__version__.startswith("3.6"):
-        pytest.skip(f"the H200 runs Triton 3.6; this is {triton.__version__}")
+    """The verify's WY kernels (``triton_tree_wy``) at the 27B shape (:func:`wy_launches_27b`:
+    N = 16 and 64, one row block with its wider value tile and four, no solve launch for one
+    block), compiled as launched (:func:`compile_sm90_as_launched`: the value tile, warps,
+    strides and alignment the launcher passes), in every mode: no stack frame, no local memory and
+    no local stores (``STL``) in the SASS of any launch. Passes with Triton 3.8 (here, CI) and 3.6
+    (the device's; ``pip install --target /tmp/t36 triton==3.6.0``, then ``PYTHONPATH=/tmp/t36``).
+    Both fail it with all 128 key columns in one slice (the kkt launch spills 232-1024 bytes a
+    thread), with the output launch on 2 warps (200-216 bytes) or with 128-column value tiles.
+    Until session 33 this test compiled without the launch's argument specialisation
+    (:func:`compile_sm90`), spilled where the launched kernels do not, and ran on Triton 3.6 only."""
     from sglang_spec.gdn import triton_tree_wy as wy
 
-    bv = wy.choose_wy_block_v(128, bn)
-    base = dict(HV=48, GRP=3, DK=128, BK=128, BT=wy.BT, BN=bn, W=16)
-    base |= dict(SGLANG=sglang_mode, RING=ring)
-    bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr") if sglang_mode else ()
-    solve = dict(HV=48, BT=wy.BT, BN=bn, SGLANG=sglang_mode, PREC=wy.WY_DOT_PRECISION)
-    kernels = [
-        (
-            wy._wy_kkt_kernel,
-            base | dict(BW=16, BKC=wy.KKT_K_SLICE, PREC=wy.WY_DOT_PRECISION),
-            wy.KKT_WARPS,
-        ),
-        (wy._wy_solve_kernel, solve, wy.KKT_WARPS),
-        (
-            wy._wy_out_kernel,
-            base
-            | dict(DV=128, BV=bv, BKC=wy.OUT_K_SLICE, PREC=wy.WY_DOT_PRECISION)
-            | dict(TILED=False, RB=wy.TILE_ROWS),
-            wy.WY_WARPS,
-        ),
-    ]
-    if bn == wy.BT:
-        del kernels[1]
-    for fn, consts, warps in kernels:
-        asm = compile_sm90(
-            fn,
-            consts,
-            ints_32=("N",),
-            types={p: "*bf16" for p in bf16},
-            options=dict(num_warps=warps),
-        )
+    launches = wy_launches_27b(sglang_mode, ring, bn)
+    names = [fn.__name__ for fn, _, _ in launches]
+    assert names == ["_wy_kkt_kernel"] + ["_wy_solve_kernel"] * (bn > wy.BT) + ["_wy_out_kernel"]
+    for fn, values, warps in launches:
+        asm = compile_sm90_as_launched(fn, values, warps)
         res, sass = _cubin_resources(asm)
-        assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, bv, res)
-        assert _ptxas_stack_bytes(asm) == 0, (fn.__name__, bv)
+        assert res["STACK"] == res["LOCAL"] == 0 and "STL" not in sass, (fn.__name__, res)
+        assert _ptxas_stack_bytes(asm) == 0, fn.__name__
 
 
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp32"])
@@ -326,7 +411,7 @@ def test_wy_output_launch_fits_an_h200_block_up_to_the_widest_tree(dims):
     bf16 = ("g_ptr", "beta_ptr", "o_ptr", "ring_k_ptr", "ring_v_ptr")
 
     def shared(bn: int, tiled: bool) -> int:
-        consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.OUT_K_SLICE, BT=wy.BT, BN=bn, W=16)
+        consts = dict(HV=hv, GRP=hv // hk, DK=d, BK=d, BKC=wy.K_SLICE, BT=wy.BT, BN=bn, W=16)
         consts |= dict(SGLANG=True, RING=True, DV=d, BV=wy.choose_wy_block_v(d, bn))
         consts |= dict(PREC=wy.WY_DOT_PRECISION, TILED=tiled, RB=wy.TILE_ROWS)
         asm = compile_sm90(

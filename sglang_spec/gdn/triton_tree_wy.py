@@ -26,7 +26,7 @@ float32 scratch row per request and value head (:func:`tree_wy_scratch`):
 
 - ``_wy_kkt_kernel``, one program per lower ``[16, 16]`` block ``(i, j)`` and request x value head:
   the rows' and columns' ``gamma`` (one gather of ``g`` over their path rows), the blocks of ``A``
-  and ``QK`` (``tl.dot`` over ``KKT_K_SLICE``-column slices of ``K``; the ancestor mask read from
+  and ``QK`` (``tl.dot`` over ``K_SLICE``-column slices of ``K``; the ancestor mask read from
   the path table as ``M[i, s] = paths[i, depth_s] == s``). A diagonal block stores
   ``(I + A_ii)^{-1}`` (six products, ``_unit_lower_inverse``) and its nodes' ``gamma``, ``beta``
   and key / query norms.
@@ -80,12 +80,9 @@ BT = 16
 WY_BLOCK_V = 32
 WY_BLOCK_V_ONE_BLOCK = 64
 
-#: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch (all 128 at once spilled on sm_90; on
-#: ``KKT_WARPS`` = 2, 32 spill 16 bytes a thread in the SGLang + ring mode with Triton 3.6, 16 do
-#: not) and of the output launch's ``S_0^T k`` / ``S_0^T q`` (at 16 its SGLang mode without the
-#: ring spills 8 bytes at ``BN`` 16, Triton 3.6).
-KKT_K_SLICE = 16
-OUT_K_SLICE = 32
+#: Key columns per ``tl.dot`` of the ``A`` / ``QK`` launch and of the output launch's ``S_0^T k`` /
+#: ``S_0^T q`` (all 128 at once spilled on sm_90).
+K_SLICE = 32
 
 #: The most rows the output launch holds at once. Holding all ``BN`` rows, its ``[BN, BN]`` float32
 #: blocks of ``T`` and ``QK`` go through shared memory: compiled for sm_90 it asks for 20 KB at
@@ -108,18 +105,14 @@ WY_WARPS = 4
 #: (IEEE float32 on the CUDA cores was 1.5-3x slower at the 27B shape, session 20).
 WY_DOT_PRECISION = "tf32x3"
 
-#: Warps per program of the kkt and solve launches (16 x 16 tiles). On 4 warps the kkt launch took
-#: 226 registers a thread (Triton 3.6, sm_90): two programs an SM, three waves of them at bs 16. On
-#: an H100 (session 33, one 27B layer, SGLang mode, ring on) the whole verify took, against main's
-#: 4 warps with 32-column slices in both launches:
-#:
-#: - 2 warps, 32-column slices (16 bytes of kkt spill): 46.2 against 55.3 us at bs 16 / N 8,
-#:   84.4 / 101.4 at bs 32 / N 8, 224 / 293 at bs 16 / N 64, 14.4 / 13.8 at bs 1 / N 8;
-#: - 2 warps, 16-column slices in both launches (the output launch's SGLang mode without the ring
-#:   spills 8 bytes): 48.1 against 54.7, 87.1 / 101.7, 237 / 300, 14.9 / 13.9.
-#:
-#: What runs (16-column kkt slices on 2 warps, 168 registers, no spill; the output launch as before)
-#: has not been timed as such.
+#: Warps per program of the kkt and solve launches (16 x 16 tiles). Compiled as launched at the 27B
+#: shape (SGLang + ring mode, Triton 3.6, sm_90), the kkt launch holds 126 registers a thread on 4
+#: warps (four programs an SM: the 768 programs of bs 16 ran in two waves) and 136 on 2 (seven an
+#: SM, one wave). On an H100 (session 33, one 27B layer, the whole verify) 2 warps took 46.2
+#: against 55.3 us at bs 16 / N 8, 84.4 against 101.4 at bs 32 / N 8, 224 against 293 at bs 16 /
+#: N 64, 423 against 572 at bs 32 / N 64, 30.5 against 34.1 at bs 1 / N 64 and 14.4 against 13.8
+#: at bs 1 / N 8. 16-column slices on 2 warps were slower (48.1 at bs 16 / N 8); the solve launch
+#: gains from 2 warps as well.
 KKT_WARPS = 2
 
 
@@ -710,6 +703,7 @@ def launch_wy_kernels(
         GRP=hv // hk,
         DK=dk,
         BK=bk,
+        BKC=min(bk, K_SLICE),
         BT=BT,
         BN=bn,
         SGLANG=sglang is not None,
@@ -737,7 +731,6 @@ def launch_wy_kernels(
         scale,
         n,
         BW=triton.next_power_of_2(width),
-        BKC=min(bk, KKT_K_SLICE),
         PREC=WY_DOT_PRECISION,
         num_warps=KKT_WARPS,
         **consts,
@@ -778,7 +771,6 @@ def launch_wy_kernels(
         n,
         DV=dv,
         BV=bv,
-        BKC=min(bk, OUT_K_SLICE),
         PREC=WY_DOT_PRECISION,
         TILED=tiled,
         RB=TILE_ROWS,
