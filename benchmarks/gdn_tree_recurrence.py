@@ -29,8 +29,13 @@ budget N - 1, random logits):
   scale and the state gather in torch) plus ``tree_gated_delta_rule_triton``; and the commit,
   ``replay_path_state_triton`` over a depth-15 accepted path.
 
-The conv kernel is the same on both sides of this design (docs/gdn-tree-caching.md) and is left out
-(its cost: benchmarks/results/gdn_h200/gdn_verify.md); the q/k/v it would produce are random.
+* **tree conv** (``--conv``) -- the verify's first GDN launch, ``triton_tree_conv.tree_conv_triton``
+  (patch 0002's convolution of every node along its root path, phase 2 of
+  docs/gdn-tree-caching.md), on the cell's trees over a ``[bs * N, 2 Hk K + Hv V]`` conv input with
+  the conv state in SGLang's layout (channels contiguous) and a 4-tap kernel; ``--sweep`` also
+  times it at every nodes x channels x warps of ``CONV_SWEEP``. SGLang's own conv
+  (``causal_conv1d_update``) is timed by ``benchmarks/gdn_verify.py``. The q/k/v the recurrence
+  columns read are random, not this conv's output.
 
 Checks, every cell (a failure makes the script exit 1 after the table):
 
@@ -44,6 +49,8 @@ Checks, every cell (a failure makes the script exit 1 after the table):
 * ``wy`` (``--wy``): the WY kernels' plain mode against the same torch core, max |diff| <= 1e-4; its SGLang
   mode's outputs against the fused kernel's, max |diff| / (1e-4 + 2^-7 |x|) <= 1, and its ring equal
   to the fused kernel's bit for bit;
+* ``conv`` (``--conv``): the tree conv against its torch form on the CPU, max |diff| / (1e-4 +
+  2^-7 |x|) <= 1;
 * ``replay``: ``replay_path_state_triton`` for each request's deepest node against SGLang's fp32 snapshot
   of that node and against our torch replay, max |diff| <= 1e-4 + 1e-4 |x|.
 
@@ -116,6 +123,8 @@ SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
 # 16-26 % on them at bs 16-32; compiled as launched, the output launch at BN 16 takes 158 registers
 # on 2 warps at BV 32 and 228 at BV 64, no spill, Triton 3.6)
 WY_SWEEP = [(bv, warps) for bv in (32, 64) for warps in (2, 4, 8)]
+# tree conv: nodes x channels x warps per program (the launcher's: 16 x 256 x 4)
+CONV_SWEEP = [(bn, bc, warps) for bn in (8, 16) for bc in (128, 256, 512) for warps in (2, 4)]
 
 
 def _fused_inputs(c: dict, conv_out: torch.Tensor, bs: int, n: int, width: int, device):
@@ -155,7 +164,9 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
     from tests.sglang_kernel_gdn import verify_recurrent
 
     gen = torch.Generator().manual_seed(1000 * bs + n)
-    c, _, ssm_pool = layer_inputs(bs, n, max(args.bs) + 1, args.dims, args.dtype, device, gen)
+    c, conv_pool, ssm_pool = layer_inputs(
+        bs, n, max(args.bs) + 1, args.dims, args.dtype, device, gen
+    )
     H, HV, dk, dv = (
         args.dims[x] for x in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
     )
@@ -279,6 +290,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         float((ring[2] - g.transpose(1, 2)).abs().max()),
         float((ring[3] - beta.transpose(1, 2)).abs().max()),
     )
+    conv = _conv_cell(args, c, conv_pool, paths32, device) if args.conv else {}
     ok = (
         triton_err <= CHECK_TOL
         and vs_sglang <= 1
@@ -287,6 +299,7 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         and ring_err <= 1e-5
         and (wy_err is None or wy_err <= CHECK_TOL)
         and (wy_fused_err is None or (wy_fused_err <= 1 and wy_ring_equal))
+        and conv.get("check_conv", 0.0) <= 1
     )
 
     t_prep = time_us(lambda: _prep(c, conv_out, ssm_pool, bs, n), device, args.reps)
@@ -349,7 +362,38 @@ def run_cell(args, kern, bs: int, n: int, device) -> dict:
         check_wy_ring=wy_ring_equal,
         ok=ok,
         **wy,
+        **conv,
     )
+
+
+def _conv_cell(args, c: dict, conv_pool: torch.Tensor, paths: torch.Tensor, device) -> dict:
+    """``--conv``: the tree conv on the cell's trees (``paths`` int32), checked against its torch
+    form on the CPU and timed at the launcher's tile and, with ``--sweep``, at every
+    ``CONV_SWEEP`` tile."""
+    from benchmarks.gdn_verify import time_us
+    from sglang_spec.gdn.tree_conv import tree_conv
+    from sglang_spec.gdn.triton_tree_conv import tree_conv_triton
+
+    # SGLang's conv state: [slots, C, K - 1] with the channels contiguous
+    states = conv_pool.transpose(1, 2).contiguous().transpose(1, 2)
+    x, weight, rows = c["mixed_qkv"], c["conv_weight"], c["cache_indices"]
+
+    def call(bn=None, bc=None, warps=4):
+        return tree_conv_triton(x, states, weight, None, True, rows, paths, bn, bc, warps)
+
+    cpu = [t.cpu() for t in (x, states, weight, rows, paths)]
+    want = tree_conv(*cpu[:3], None, True, *cpu[3:])
+    out = dict(
+        check_conv=_rel_err(call().cpu(), want, CHECK_TOL, BF16_STEP),
+        conv_us=time_us(call, device, args.reps),
+        conv_sweep_us={},
+    )
+    if args.sweep:
+        for bn, bc, warps in CONV_SWEEP:
+            out["conv_sweep_us"][f"BN{bn}/BC{bc}/w{warps}"] = time_us(
+                lambda bn=bn, bc=bc, warps=warps: call(bn, bc, warps), device, args.reps
+            )
+    return out
 
 
 COLUMNS = [
@@ -389,6 +433,9 @@ WY_COLUMNS = [  # with --wy, after the unfused kernel's column
 ]
 
 
+CONV_COLUMNS = [("conv_us", "tree conv µs"), ("check_conv", "check: tree conv /tol")]  # --conv
+
+
 def _fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:.2e}" if abs(x) < 0.01 and x != 0 else f"{x:.2f}"
@@ -420,6 +467,8 @@ def run(args) -> int:
     if args.wy:
         at = [key for key, _ in COLUMNS].index("ours_kernel_us") + 1
         columns = COLUMNS[:at] + WY_COLUMNS + COLUMNS[at:]
+    if args.conv:
+        columns = columns + CONV_COLUMNS
     print("| " + " | ".join(title for _, title in columns) + " |")
     print("|" + "---|" * len(columns))
     results = []
@@ -446,6 +495,16 @@ def run(args) -> int:
                 mark = f"BV{r['wy_bv']}/w{triton_tree_wy.WY_WARPS}"
                 cells = [f"{r['wy_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]
                 print(f"| {r['bs']} | {r['N']} | {r['fused_us']:.1f} | " + " | ".join(cells) + " |")
+    if args.sweep and args.conv:
+        from sglang_spec.gdn.triton_tree_conv import TREE_CONV_CHANNELS, TREE_CONV_NODES
+
+        print("\n# tree conv µs per (nodes, channels, warps); * = the launcher's tile")
+        names = [f"BN{bn}/BC{bc}/w{w}" for bn, bc, w in CONV_SWEEP]
+        mark = f"BN{TREE_CONV_NODES}/BC{TREE_CONV_CHANNELS}/w4"
+        print("| bs | N | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 2))
+        for r in results:
+            cells = [f"{r['conv_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]
+            print(f"| {r['bs']} | {r['N']} | " + " | ".join(cells) + " |")
     print(f"\n# per request over the {GDN_LAYERS_27B} GDN layers of the 27B shape (GB)")
     print("| N | SGLang intermediate_ssm | ours per-node records |\n|---|---|---|")
     for n in args.widths:
@@ -467,6 +526,7 @@ def run(args) -> int:
         "checks passed: Triton = torch core, outputs = SGLang's tree verify, replay = its snapshots, "
         "fused = unfused, ring = inputs"
         + (", WY = torch core, WY fused = fused" if args.wy else "")
+        + (", tree conv = torch" if args.conv else "")
     )
     return 0
 
@@ -490,6 +550,11 @@ def main(argv=None) -> int:
         "--wy",
         action="store_true",
         help="also time and check the WY kernels (triton_tree_wy, the verify's) against the walk",
+    )
+    p.add_argument(
+        "--conv",
+        action="store_true",
+        help="also time and check the tree conv (triton_tree_conv, the verify's first GDN launch)",
     )
     args = p.parse_args(argv)
     if args.device == "cpu":

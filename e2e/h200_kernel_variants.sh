@@ -16,10 +16,10 @@
 set -uo pipefail
 shopt -s nullglob
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# the kernels (the walk's and, since session 31, the WY verify's), the verify entry point the
-# benchmark calls (its signature follows the kernel's scratch; session 14's baseline variant
-# failed on main's), and the benchmark
-FILES=(sglang_spec/gdn/triton_tree_recurrence.py sglang_spec/gdn/triton_tree_wy.py sglang_spec/gdn/sglang_verify.py benchmarks/gdn_tree_recurrence.py)
+# the kernels (the walk's; since session 31 the WY verify's; since session 33 the tree conv's),
+# the verify entry point the benchmark calls (its signature follows the kernel's scratch; session
+# 14's baseline variant failed on main's), and the benchmark
+FILES=(sglang_spec/gdn/triton_tree_recurrence.py sglang_spec/gdn/triton_tree_wy.py sglang_spec/gdn/triton_tree_conv.py sglang_spec/gdn/sglang_verify.py benchmarks/gdn_tree_recurrence.py)
 case "${1:-}" in
 prepare)
   shift

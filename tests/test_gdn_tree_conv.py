@@ -322,16 +322,21 @@ def check_triton_tree_conv_equals_torch(device: str = "cpu") -> None:
         weight = torch.randn(channels, W, generator=g).to(act_dtype)
         bias = torch.randn(channels, generator=g).to(act_dtype) if with_bias else None
         want = tree_conv(x, states, weight, bias, True, slots, paths)
-        got = tree_conv_triton(
-            *(t.to(device) for t in (x, states, weight)),
-            None if bias is None else bias.to(device),
-            True,
-            slots.to(device),
-            paths.to(device),
-        ).cpu()
-        assert got.dtype == act_dtype
         tol = 1e-6 if act_dtype == torch.float32 else 2**-8  # bf16 outputs: one rounding step
-        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        # the launcher's tile, and a sweep's smaller one (benchmarks/gdn_tree_recurrence.py --conv)
+        for tile in ({}, dict(block_n=8, block_c=64, num_warps=2)):
+            got = tree_conv_triton(
+                *(t.to(device) for t in (x, states, weight)),
+                None if bias is None else bias.to(device),
+                True,
+                slots.to(device),
+                paths.to(device),
+                **tile,
+            ).cpu()
+            assert got.dtype == act_dtype
+            torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="block_c must be a power of two; got 96"):
+        tree_conv_triton(x, states, weight, None, True, slots, paths, block_c=96)
 
 
 def test_triton_tree_conv_equals_torch_under_interpreter():

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = (
     "sglang_spec/gdn/triton_tree_recurrence.py",
     "sglang_spec/gdn/triton_tree_wy.py",
+    "sglang_spec/gdn/triton_tree_conv.py",
     "sglang_spec/gdn/sglang_verify.py",
     "benchmarks/gdn_tree_recurrence.py",
 )

@@ -162,9 +162,22 @@ def _tree_conv_kernel(
     tl.store(o_ptr + (b * N + i).to(tl.int64)[:, None] * C + c[None, :], acc, mask=ok)
 
 
-def tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths) -> torch.Tensor:
+def tree_conv_triton(
+    x,
+    conv_states,
+    weight,
+    bias,
+    silu,
+    cache_indices,
+    paths,
+    block_n: int | None = None,
+    block_c: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
     """``tree_conv`` in one launch (same arguments and types; ``x``'s last dim contiguous,
-    ``paths`` contiguous int32)."""
+    ``paths`` contiguous int32). ``block_n`` / ``block_c`` (powers of two) override the program's
+    nodes and channels (``TREE_CONV_NODES``, ``TREE_CONV_CHANNELS``) and ``num_warps`` its warps,
+    for ``benchmarks/gdn_tree_recurrence.py --conv --sweep``."""
     bs, n, width = paths.shape
     channels, kernel = weight.shape
     if x.stride(-1) != 1 or paths.dtype != torch.int32 or not paths.is_contiguous():
@@ -172,8 +185,12 @@ def tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths) -
             f"x needs a contiguous last dim and paths must be contiguous int32; got x strides "
             f"{x.stride()}, paths {paths.dtype} contiguous={paths.is_contiguous()}"
         )
+    block_n, block_c = block_n or TREE_CONV_NODES, block_c or TREE_CONV_CHANNELS
+    for name, value in (("block_n", block_n), ("block_c", block_c)):
+        if value & (value - 1):
+            raise ValueError(f"{name} must be a power of two; got {value}")
     o = torch.empty(bs * n, channels, dtype=x.dtype, device=x.device)
-    grid = (bs, triton.cdiv(n, TREE_CONV_NODES), triton.cdiv(channels, TREE_CONV_CHANNELS))
+    grid = (bs, triton.cdiv(n, block_n), triton.cdiv(channels, block_c))
     _tree_conv_kernel[grid](
         x,
         conv_states,
@@ -191,9 +208,9 @@ def tree_conv_triton(x, conv_states, weight, bias, silu, cache_indices, paths) -
         KERNEL=kernel,
         HAS_BIAS=bias is not None,
         SILU=silu,
-        BN=TREE_CONV_NODES,
-        BC=TREE_CONV_CHANNELS,
-        num_warps=4,
+        BN=block_n,
+        BC=block_c,
+        num_warps=num_warps,
     )
     return o
 
