@@ -123,7 +123,7 @@ SWEEP = [(bv, warps) for bv in (4, 8, 16, 32) for warps in (1, 2, 4)]
 # 16-26 % on them at bs 16-32; compiled as launched, the output launch at BN 16 takes 158 registers
 # on 2 warps at BV 32 and 228 at BV 64, no spill, Triton 3.6)
 WY_SWEEP = [(bv, warps) for bv in (32, 64) for warps in (2, 4, 8)]
-# tree conv: nodes x channels x warps per program (the launcher's: 16 x 256 x 4)
+# tree conv: nodes x channels x warps per program (the launcher's: triton_tree_conv.TREE_CONV_*)
 CONV_SWEEP = [(bn, bc, warps) for bn in (8, 16) for bc in (128, 256, 512) for warps in (2, 4)]
 
 
@@ -378,8 +378,8 @@ def _conv_cell(args, c: dict, conv_pool: torch.Tensor, paths: torch.Tensor, devi
     states = conv_pool.transpose(1, 2).contiguous().transpose(1, 2)
     x, weight, rows = c["mixed_qkv"], c["conv_weight"], c["cache_indices"]
 
-    def call(bn=None, bc=None, warps=4):
-        return tree_conv_triton(x, states, weight, None, True, rows, paths, bn, bc, warps)
+    def call(*tile):  # (nodes, channels, warps) a program; none: the launcher's
+        return tree_conv_triton(x, states, weight, None, True, rows, paths, *tile)
 
     cpu = [t.cpu() for t in (x, states, weight, rows, paths)]
     want = tree_conv(*cpu[:3], None, True, *cpu[3:])
@@ -391,7 +391,7 @@ def _conv_cell(args, c: dict, conv_pool: torch.Tensor, paths: torch.Tensor, devi
     if args.sweep:
         for bn, bc, warps in CONV_SWEEP:
             out["conv_sweep_us"][f"BN{bn}/BC{bc}/w{warps}"] = time_us(
-                lambda bn=bn, bc=bc, warps=warps: call(bn, bc, warps), device, args.reps
+                lambda tile=(bn, bc, warps): call(*tile), device, args.reps
             )
     return out
 
@@ -496,11 +496,15 @@ def run(args) -> int:
                 cells = [f"{r['wy_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]
                 print(f"| {r['bs']} | {r['N']} | {r['fused_us']:.1f} | " + " | ".join(cells) + " |")
     if args.sweep and args.conv:
-        from sglang_spec.gdn.triton_tree_conv import TREE_CONV_CHANNELS, TREE_CONV_NODES
+        from sglang_spec.gdn.triton_tree_conv import (
+            TREE_CONV_CHANNELS,
+            TREE_CONV_NODES,
+            TREE_CONV_WARPS,
+        )
 
         print("\n# tree conv µs per (nodes, channels, warps); * = the launcher's tile")
         names = [f"BN{bn}/BC{bc}/w{w}" for bn, bc, w in CONV_SWEEP]
-        mark = f"BN{TREE_CONV_NODES}/BC{TREE_CONV_CHANNELS}/w4"
+        mark = f"BN{TREE_CONV_NODES}/BC{TREE_CONV_CHANNELS}/w{TREE_CONV_WARPS}"
         print("| bs | N | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 2))
         for r in results:
             cells = [f"{r['conv_sweep_us'][x]:.1f}{'*' if x == mark else ''}" for x in names]

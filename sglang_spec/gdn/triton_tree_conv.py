@@ -95,9 +95,10 @@ def save_conv_inputs_triton(
     )
 
 
-#: Nodes and channels per ``_tree_conv_kernel`` program.
+#: Nodes, channels and warps per ``_tree_conv_kernel`` program.
 TREE_CONV_NODES = 16
 TREE_CONV_CHANNELS = 256
+TREE_CONV_WARPS = 4
 
 
 @triton.jit
@@ -170,14 +171,14 @@ def tree_conv_triton(
     silu,
     cache_indices,
     paths,
-    block_n: int | None = None,
-    block_c: int | None = None,
-    num_warps: int = 4,
+    block_n: int = TREE_CONV_NODES,
+    block_c: int = TREE_CONV_CHANNELS,
+    num_warps: int = TREE_CONV_WARPS,
 ) -> torch.Tensor:
     """``tree_conv`` in one launch (same arguments and types; ``x``'s last dim contiguous,
-    ``paths`` contiguous int32). ``block_n`` / ``block_c`` (powers of two) override the program's
-    nodes and channels (``TREE_CONV_NODES``, ``TREE_CONV_CHANNELS``) and ``num_warps`` its warps,
-    for ``benchmarks/gdn_tree_recurrence.py --conv --sweep``."""
+    ``paths`` contiguous int32). ``block_n`` / ``block_c`` (powers of two) and ``num_warps`` set
+    the program's nodes, channels and warps, for ``benchmarks/gdn_tree_recurrence.py --conv
+    --sweep``."""
     bs, n, width = paths.shape
     channels, kernel = weight.shape
     if x.stride(-1) != 1 or paths.dtype != torch.int32 or not paths.is_contiguous():
@@ -185,7 +186,6 @@ def tree_conv_triton(
             f"x needs a contiguous last dim and paths must be contiguous int32; got x strides "
             f"{x.stride()}, paths {paths.dtype} contiguous={paths.is_contiguous()}"
         )
-    block_n, block_c = block_n or TREE_CONV_NODES, block_c or TREE_CONV_CHANNELS
     for name, value in (("block_n", block_n), ("block_c", block_c)):
         if value & (value - 1):
             raise ValueError(f"{name} must be a power of two; got {value}")
