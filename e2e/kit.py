@@ -129,6 +129,43 @@ def install_plugin() -> str:
     return "plugin entry point already registered"
 
 
+KIT_NORMS_MODULE = "sglang_spec_kit_norms"
+
+
+def install_kit_norms() -> str:
+    """Install :mod:`e2e.kit_norms` into the kit's site-packages as the SGLang plugin
+    ``kit_norms`` (the file as module ``sglang_spec_kit_norms`` and a dist-info with its entry
+    point), writing only what differs, under :func:`install_plugin`'s lock. Servers started with
+    ``SGLANG_SPEC_KIT_NORMS=triton`` then run the stand-in's norms as one launch each; returns
+    what was done. Outside the kit a one-line error: a stock SGLang runs sgl-kernel's fused norms."""
+    if not in_kit():
+        raise HarnessError(
+            "fused-norms replaces the GPU kit's torch norms (its sgl_kernel stand-in); a stock "
+            "SGLang install runs sgl-kernel's fused norms already: drop the option"
+        )
+    site = sglang_site()
+    info = f"{KIT_NORMS_MODULE}-0.dist-info"
+    files = {
+        f"{KIT_NORMS_MODULE}.py": (REPO / "e2e" / "kit_norms.py").read_text(),
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: sglang-spec-kit-norms\nVersion: 0\n",
+        f"{info}/entry_points.txt": (
+            f"[sglang.srt.plugins]\nkit_norms = {KIT_NORMS_MODULE}:register\n"
+        ),
+    }
+    with open(site / ".sglang_spec.install-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        written = []
+        for name, text in files.items():
+            path = site / name
+            if not path.is_file() or path.read_text() != text:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                written.append(name)
+    if not written:
+        return f"kit_norms already installed in {site}"
+    return f"kit_norms installed in {site} ({', '.join(written)})"
+
+
 def apply_patches() -> str:
     """``sglang-spec patch apply`` on the SGLang copy in use (idempotent); returns its report."""
     out = subprocess.run(

@@ -31,7 +31,9 @@ budget, ``SGLANG_DDTREE_SIMULATE_ACC_LEN_BY_BUDGET``, with the largest as SGLang
 ``adaptive=FILE`` (DDTREE budget by batch size: ``--speculative-adaptive`` with FILE as its config;
 the budget is the file's largest, ``b=`` may be left out), ``tree-temp=T`` (DDTREE's tree
 temperature, ``SGLANG_DDTREE_TREE_TEMPERATURE``; with ``acc=`` on dummy weights see below),
-``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``no-replayssm`` (hybrid DDTREE without
+``tp=N``, ``no-overlap`` (``--disable-overlap-schedule``), ``fused-norms`` (kit only: the
+``sgl_kernel`` stand-in's torch RMSNorms as one Triton launch each, :mod:`e2e.kit_norms`; a server
+whose log lacks the plugin's line fails), ``no-replayssm`` (hybrid DDTREE without
 ``--enable-linear-replayssm-spec``: SGLang's per-node GDN states, the verify path DFLASH uses, for a
 like-for-like step comparison), ``replayssm`` (hybrid NEXTN with SGLang's own linear
 ``--enable-linear-replayssm-spec``: its capacity without per-draft-token GDN states; SGLang 0.5.23
@@ -78,6 +80,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import kit, records
+from e2e.kit_norms import ENV as KIT_NORMS_ENV
+from e2e.kit_norms import READY as KIT_NORMS_READY
 from e2e.scale_report import level_tables, stage_key
 from e2e.shapes import SHAPES, Shape, write_model_dirs
 from sglang_spec.plugin import MAX_VERIFY_WIDTH
@@ -86,7 +90,7 @@ from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 ALGORITHMS = ("ar", "nextn", "dflash", "ddtree")
-FLAG_OPTIONS = {"no-overlap", "no-replayssm", "replayssm", "stages"}
+FLAG_OPTIONS = {"fused-norms", "no-overlap", "no-replayssm", "replayssm", "stages"}
 VALUE_OPTIONS = {"b", "acc", "tp", "profile", "adaptive", "tree-temp"}
 # What a big model with dummy weights needs beside its server config (shared/notes/scale-*.md):
 # no checkpoint, no tokenizer (requests carry ids), no prefill graphs (their capture ran out of
@@ -353,6 +357,8 @@ def server_config(
         env["SGLANG_DDTREE_STAGE_TIMES"] = str((out / "stages" / f"{spec.slug}.jsonl").resolve())
     if spec.profile:  # a decode trace starts at the first batch of at least this many requests
         env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(min(spec.profile))
+    if "fused-norms" in spec.flags:
+        env[KIT_NORMS_ENV] = "triton"
     return kit.with_args(
         cfg, kit.kit_args(spec.speculative), ours, dict(args.server_arg or []), env=env
     )
@@ -458,6 +464,8 @@ class Run:
 
     def run(self, specs: list[ServerSpec]) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
+        if any("fused-norms" in s.flags for s in specs):
+            print(f"[scale] {kit.install_kit_norms()}", flush=True)
         if any(s.algorithm == "DDTREE" for s in specs):
             print(f"[scale] plugin: {kit.install_plugin()}", flush=True)
         ok = True
@@ -508,6 +516,11 @@ class Run:
         try:
             with srv:
                 self.starts[spec.shape.name] = srv.start_s
+                if "fused-norms" in spec.flags and KIT_NORMS_READY not in srv.log_text():
+                    raise kit.HarnessError(
+                        f"fused-norms: no {KIT_NORMS_READY!r} line in the server log, so its "
+                        "norms are the stand-in's torch ones (the kit_norms plugin did not run)"
+                    )
                 info = kit.parse_server_log(srv.log_text())
                 entry.update(status="running", start_s=srv.start_s, **info)
                 print(

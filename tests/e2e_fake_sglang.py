@@ -14,7 +14,7 @@ at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an a
 returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback),
 ``FAKE_PREFILL_MS`` (time per prefill round of a batched ``/generate``, before its steps),
 ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
-on the H200 kit); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
+on the H200 kit), ``FAKE_START_LINE`` (a line logged at start-up, as a plugin's print); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
 once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
 SGLang 0.5.23's scheduler does. With ``--speculative-adaptive`` the first batch of each size logs
 DDTREE's budget switch line for that bucket.
@@ -37,6 +37,7 @@ ENV_SEEN = (
     "SGLANG_DDTREE_STAGE_TIMES",
     "SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS",
     "SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS",
+    "SGLANG_SPEC_KIT_NORMS",
 )
 argv = sys.argv[1:]
 
@@ -254,6 +255,8 @@ if __name__ == "__main__":
         print("worker.py:1: UserWarning: called a synchronizing CUDA operation", flush=True)
     if os.environ.get("FAKE_START_TRACEBACK"):
         print("Traceback (most recent call last):\n  ConnectionRefusedError: freeze_gc", flush=True)
+    if os.environ.get("FAKE_START_LINE"):
+        print(os.environ["FAKE_START_LINE"], flush=True)
     config = json.loads(Path(flag("--model-path"), "config.json").read_text())
     MAX_RUNNING = int(flag("--max-running-requests", 48))
     if config["model_type"] == "qwen3_5_text":

@@ -524,6 +524,34 @@ def test_a_failed_server_does_not_stop_the_others(tmp_path, monkeypatch, capsys)
     assert "CUDA out of memory" in capsys.readouterr().out
 
 
+def test_fused_norms_servers_run_only_where_the_plugin_said_it_ran(tmp_path, monkeypatch):
+    """``fused-norms``: the kit_norms plugin goes into the kit's site before any server, each such
+    server gets SGLANG_SPEC_KIT_NORMS=triton, and one whose log lacks the plugin's line (its norms
+    would be the stand-in's torch ones) fails instead of being measured; its own records and
+    label say fused-norms. Outside the kit the option is refused before anything starts."""
+    from e2e.kit_norms import READY
+
+    monkeypatch.setattr(kit, "sglang_site", lambda: tmp_path / "site")
+    (tmp_path / "site").mkdir()
+    servers = ["qwen3-8b:ar:fused-norms", "qwen3-8b:ar"]
+    rc, recs, started, log = _run(tmp_path, monkeypatch, servers, SGLANG_KIT_FLAGS=KIT_FLAGS)
+    assert rc == 1 and (tmp_path / "site" / "sglang_spec_kit_norms.py").is_file()
+    assert started[0]["env"]["SGLANG_SPEC_KIT_NORMS"] == "triton"
+    assert "SGLANG_SPEC_KIT_NORMS" not in started[1]["env"]
+    assert log["servers"][0]["status"].startswith(
+        f"failed: HarnessError: fused-norms: no {READY!r}"
+    )
+    assert {r["variant"] for r in recs} == {""}  # only the torch-norm server measured
+    rc, recs, started, log = _run(
+        tmp_path, monkeypatch, servers, out="o2", SGLANG_KIT_FLAGS=KIT_FLAGS, FAKE_START_LINE=READY
+    )
+    assert rc == 0 and {r["variant"] for r in recs} == {"", "fused-norms"}
+    assert log["servers"][0]["server"] == "qwen3-8b:ar:fused-norms"
+    monkeypatch.delenv("FAKE_START_LINE")
+    rc, recs, again, log = _run(tmp_path, monkeypatch, servers[:1], out="o3")  # not in the kit
+    assert rc == 2 and len(again) == len(started) and not recs and not log["servers"]
+
+
 def test_busy_port_is_refused(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
