@@ -166,6 +166,25 @@ def install_kit_norms() -> str:
     return f"kit_norms installed in {site} ({', '.join(written)})"
 
 
+def kit_norms_env() -> dict[str, str]:
+    """The server environment that turns :mod:`e2e.kit_norms` on."""
+    from e2e.kit_norms import ENV
+
+    return {ENV: "triton"}
+
+
+def require_kit_norms(srv: Server) -> None:
+    """After a fused-norms server started: a HarnessError unless its log shows that the
+    kit_norms plugin replaced the stand-in's norms (else its norms were the torch ones)."""
+    from e2e.kit_norms import READY
+
+    if READY not in srv.log_text():
+        raise HarnessError(
+            f"fused-norms: no {READY!r} line in the server log, so its norms are the stand-in's "
+            "torch ones (the kit_norms plugin did not run)"
+        )
+
+
 def apply_patches() -> str:
     """``sglang-spec patch apply`` on the SGLang copy in use (idempotent); returns its report."""
     out = subprocess.run(

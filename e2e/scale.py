@@ -80,8 +80,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import kit, records
-from e2e.kit_norms import ENV as KIT_NORMS_ENV
-from e2e.kit_norms import READY as KIT_NORMS_READY
 from e2e.scale_report import level_tables, stage_key
 from e2e.shapes import SHAPES, Shape, write_model_dirs
 from sglang_spec.plugin import MAX_VERIFY_WIDTH
@@ -358,7 +356,7 @@ def server_config(
     if spec.profile:  # a decode trace starts at the first batch of at least this many requests
         env["SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS"] = str(min(spec.profile))
     if "fused-norms" in spec.flags:
-        env[KIT_NORMS_ENV] = "triton"
+        env.update(kit.kit_norms_env())
     return kit.with_args(
         cfg, kit.kit_args(spec.speculative), ours, dict(args.server_arg or []), env=env
     )
@@ -516,11 +514,8 @@ class Run:
         try:
             with srv:
                 self.starts[spec.shape.name] = srv.start_s
-                if "fused-norms" in spec.flags and KIT_NORMS_READY not in srv.log_text():
-                    raise kit.HarnessError(
-                        f"fused-norms: no {KIT_NORMS_READY!r} line in the server log, so its "
-                        "norms are the stand-in's torch ones (the kit_norms plugin did not run)"
-                    )
+                if "fused-norms" in spec.flags:
+                    kit.require_kit_norms(srv)
                 info = kit.parse_server_log(srv.log_text())
                 entry.update(status="running", start_s=srv.start_s, **info)
                 print(

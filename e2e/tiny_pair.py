@@ -18,7 +18,9 @@ checks, a torch-profiler trace of ``--profile-steps`` decode steps at each concu
 launches by host operator and the host time inside SGLang's ``run_batch`` by piece and operator,
 for any algorithm, so DFLASH's step and DDTREE's can be read side by side), and for ``ddtree``
 servers ``+adaptive`` (``--speculative-adaptive`` with ``--adaptive-config FILE``: budget by batch
-size). Its flags
+size); ``+fusednorms`` on any server runs the kit's torch RMSNorms as one Triton launch each
+(:mod:`e2e.kit_norms`, ``e2e.scale``'s ``fused-norms``; a server whose log lacks the plugin's line
+fails). Its flags
 come from ``server_configs/tiny-pair/<algorithm>.yaml`` with the target / drafter paths, the budget and the
 drafter's block size set here, and the GPU kit's flags when run through the kit (:mod:`e2e.kit`).
 It installs this checkout's plugin where SGLang finds it, then for each server starts SGLang, waits
@@ -119,11 +121,12 @@ def parse_server(spec: str) -> tuple[str, int | None, set[str]]:
         "stages",
         "profile",
         "adaptive",
+        "fusednorms",
     }:
         raise kit.HarnessError(
             f"unknown server {spec!r}; valid: ar, nextn, dflash, ddtree<budget>, each with "
-            "optional +graphs, +patched, +replayssm, +nooverlap, +profile, (dflash, ddtree) "
-            "+stages and (ddtree) +adaptive"
+            "optional +graphs, +patched, +replayssm, +nooverlap, +profile, +fusednorms, "
+            "(dflash, ddtree) +stages and (ddtree) +adaptive"
         )
     algorithm = m.group(1) or "ddtree"
     if "stages" in mods and algorithm not in ("dflash", "ddtree"):
@@ -191,6 +194,8 @@ def run_server(label, cfg, prompts, args, results: list[dict], index: int = 0) -
         with srv:
             res["start_s"] = srv.start_s
             res.update(_pinned(srv))
+            if "fusednorms" in parse_server(label)[2]:
+                kit.require_kit_norms(srv)
             check(res, srv, prompts, args)
             if args.sweep:
                 load_test([(label, srv)], args)
@@ -241,6 +246,8 @@ def _interleave(servers, prompts, args, results: list[dict], running: list) -> N
                 stack.enter_context(srv)
                 res["start_s"] = srv.start_s
                 res.update(_pinned(srv))
+                if "fusednorms" in parse_server(label)[2]:
+                    kit.require_kit_norms(srv)
                 check(res, srv, prompts, args)
                 running.append((res, srv))
             except HARNESS_ERRORS as e:
@@ -665,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         args.cpu_blocks = kit.cpu_blocks(len(specs) + 1) if args.pin_cpus else None
         os.makedirs(args.out, exist_ok=True)
         print(f"plugin: {kit.install_plugin()}", flush=True)
+        if any("fusednorms" in parse_server(spec)[2] for spec in specs):
+            print(kit.install_kit_norms(), flush=True)
     except kit.HarnessError as e:
         print(f"python -m e2e.tiny_pair: {e}", file=sys.stderr)
         return 2
@@ -691,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = kit.with_args(
                 cfg, env={"SGLANG_PROFILE_BY_STAGE_DECODE_MIN_BS": str(min(args.profile_levels))}
             )
+        if "fusednorms" in mods:
+            cfg = kit.with_args(cfg, env=kit.kit_norms_env())
         if "stages" not in mods:
             return cfg
         stage_dir = Path(args.out, "stages")

@@ -385,6 +385,34 @@ def test_adaptive_servers_get_the_budget_by_batch_size_flags(
     assert not (tmp_path / "calls.jsonl").exists()
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+def test_fusednorms_servers_are_checked_for_the_plugins_line(
+    tmp_path, monkeypatch, capsys, interleave
+):
+    """+fusednorms: the kit_norms plugin is installed into the kit's site before any server, the
+    server gets SGLANG_SPEC_KIT_NORMS=triton, and one whose log lacks the plugin's line fails;
+    other servers run as before. Outside the kit the option is refused before anything starts."""
+    from e2e.kit_norms import READY
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setattr(kit, "sglang_site", lambda: site)
+    extra = ["--interleave"] if interleave else []
+    servers = "ar+fusednorms,dflash"
+    assert _main(tmp_path, monkeypatch, servers, *extra, **KIT) == 1
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["ok"] for r in results] == [False, True]
+    assert f"fused-norms: no {READY!r} line" in results[0]["error"]
+    started = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert [c["env"].get("SGLANG_SPEC_KIT_NORMS") for c in started] == ["triton", None]
+    assert (site / "sglang_spec_kit_norms.py").is_file()
+    again = tmp_path / "again"
+    assert _main(again, monkeypatch, servers, *extra, **KIT, FAKE_START_LINE=READY) == 0
+    capsys.readouterr()
+    assert _main(tmp_path / "stock", monkeypatch, servers, *extra) == 2  # not in the kit
+    assert "a stock SGLang install runs sgl-kernel's fused norms" in capsys.readouterr().err
+
+
 def test_a_failed_server_is_reported_and_keeps_its_log(tmp_path, monkeypatch, capsys):
     assert _main(tmp_path, monkeypatch, "ar,dflash", FAKE_CRASH="DFLASH") == 1
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
