@@ -81,6 +81,8 @@ def _launch(x, residual, weight, eps, out, gemma: bool) -> None:
     xr = _rows(x, "input")
     rr = _rows(residual, "residual") if residual is not None else xr
     orow = _rows(out, "out")
+    if xr.shape[0] == 0:  # an empty batch: nothing to launch (a grid of 0 programs is refused)
+        return
     block = triton.next_power_of_2(n)
     _rmsnorm_kernel[(xr.shape[0],)](
         xr,
