@@ -167,3 +167,59 @@ def test_install_kit_norms_makes_sglang_find_the_plugin(monkeypatch, tmp_path):
     assert kit.install_kit_norms() == (
         f"kit_norms installed in {tmp_path} ({kit.KIT_NORMS_MODULE}.py)"
     )
+
+
+# ------------------------------------------------------------------------------------ the benchmark
+STAND_IN = """
+import torch
+IS_PY_SHIM = True
+
+def _n(x, r, w, eps, gemma):
+    s = x.float() if r is None else x.float() + r.float()
+    w = w.float() + {one} if gemma else w.float()
+    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w).to(x.dtype), s
+
+def rmsnorm(x, w, eps=1e-6, out=None, enable_pdl=None):
+    return _n(x, None, w, eps, False)[0]
+
+def gemma_rmsnorm(x, w, eps=1e-6, out=None, enable_pdl=None):
+    return _n(x, None, w, eps, True)[0]
+
+def fused_add_rmsnorm(x, r, w, eps=1e-6, enable_pdl=None):
+    y, s = _n(x, r, w, eps, False)
+    r.copy_(s.to(r.dtype)); x.copy_(y)
+
+def gemma_fused_add_rmsnorm(x, r, w, eps=1e-6, enable_pdl=None):
+    y, s = _n(x, r, w, eps, True)
+    r.copy_(s.to(r.dtype)); x.copy_(y)
+"""
+
+
+@pytest.mark.parametrize("one,rc", [("1.0", 0), ("0.0", 1)])
+def test_benchmark_checks_the_kernel_against_the_stand_in(tmp_path, one, rc):
+    """``benchmarks/kit_norms.py --device cpu`` under the interpreter, with a stand-in written as
+    the kit's: every cell passes; a stand-in whose gemma forms drop the ``1 +`` fails the gemma
+    cells and the script exits 1."""
+    import json
+    import os
+    import subprocess
+
+    pkg = tmp_path / "shim" / "sgl_kernel"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(STAND_IN.format(one=one))
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, str(kit.REPO / "benchmarks" / "kit_norms.py"), "--device", "cpu"]
+        + ["--json", str(out)],
+        env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(tmp_path / "shim")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == rc, proc.stdout + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4
+    assert {r["norm"] for r in rows if not r["ok"]} == (
+        set() if rc == 0 else {"gemma_rmsnorm", "gemma_fused_add_rmsnorm"}
+    )
+    assert all(r["residual_equal"] is not None for r in rows if "fused" in r["norm"])
