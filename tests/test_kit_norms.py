@@ -223,3 +223,41 @@ def test_benchmark_checks_the_kernel_against_the_stand_in(tmp_path, one, rc):
         set() if rc == 0 else {"gemma_rmsnorm", "gemma_fused_add_rmsnorm"}
     )
     assert all(r["residual_equal"] is not None for r in rows if "fused" in r["norm"])
+
+
+def test_sglangs_own_plugin_loader_finds_and_applies_the_installed_plugin(tmp_path, monkeypatch):
+    """End to end on the CPU: install_kit_norms into a site directory, then in a fresh process
+    with that site and a stand-in on its path, SGLang's ``load_plugins()`` (what every server
+    process runs) finds ``kit_norms``, which replaces the stand-in's four norms (and says so);
+    without SGLANG_SPEC_KIT_NORMS it leaves them alone."""
+    import os
+    import subprocess
+
+    site, shim = tmp_path / "site", tmp_path / "shim" / "sgl_kernel"
+    site.mkdir()
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(STAND_IN.format(one="1.0"))
+    monkeypatch.setenv("SGLANG_KIT_FLAGS", KIT_FLAGS)
+    monkeypatch.setattr(kit, "sglang_site", lambda: site)
+    kit.install_kit_norms()
+    child = (
+        "from sglang.srt.plugins import load_plugins; load_plugins(); import sgl_kernel, "
+        "sglang_spec_kit_norms as k; "
+        "calls = lambda f, g: any(c.cell_contents is g for c in f.__closure__ or ()); "
+        "print(sorted(n for n in k.NAMES if calls(getattr(sgl_kernel, n), getattr(k, n))))"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=f"{site}{os.pathsep}{shim.parent}", SGLANG_PLUGINS="kit_norms"
+    )
+    from e2e.kit_norms import NAMES
+
+    for mode, replaced in (("triton", sorted(NAMES)), (None, [])):
+        env.pop("SGLANG_SPEC_KIT_NORMS", None)
+        if mode:
+            env["SGLANG_SPEC_KIT_NORMS"] = mode
+        proc = subprocess.run(
+            [sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().splitlines()[-1] == str(replaced)
+        assert ("sgl_kernel norms: one Triton launch each" in proc.stderr) == bool(mode)
