@@ -3,11 +3,11 @@
 The kit's ``sgl_kernel`` stand-in (``shared/sglang-gpu-kit/shim``) runs ``rmsnorm``,
 ``fused_add_rmsnorm``, ``gemma_rmsnorm`` and ``gemma_fused_add_rmsnorm`` as torch ops: 15 kernels
 for a fused gemma norm where sglang-kernel runs one. In session 25's C = 16 traces of the
-Qwen3.6-27B shape a decode step launched about 2200 torch elementwise, copy and reduce kernels,
-about 147 norms' worth (one mean reduction each), which took 5.4 (NEXTN, 4 tokens a request) and
-6.8 ms (DDTREE(7), 8) of the step: a cost that grows with the verify's tokens, so it charges a wide
-verify more than a production server would. This module gives each of the four one launch, with the stand-in's
-arithmetic (float32 sum and mean of squares, ``rsqrt``, the weight, or ``1 + weight`` for the gemma
+Qwen3.6-27B shape a decode step launched about 1900 torch elementwise, copy and reduce kernels,
+about 147 norms' worth (one mean reduction each), which took 5.0 (NEXTN, 4 tokens a request) and
+6.4 ms (DDTREE(7), 8) of the step: a cost that grows with the verify's tokens, so it charges a
+wide verify more than a production server would. This module gives each of the four one launch,
+with the stand-in's arithmetic (float32 sum and mean of squares, ``rsqrt``, the weight, or ``1 + weight`` for the gemma
 forms, then the activation dtype; the fused forms write the rounded sum to ``residual`` and
 normalise the float32 one) and its in-place contract.
 
