@@ -69,7 +69,15 @@ def load_runs(*folders: Path) -> dict[str, dict[int, list[dict]]]:
 
 
 def roles(labels: list[str]) -> tuple[str, str, str, list[str]]:
-    """(AR, DFLASH, adaptive, [fixed DDTREE]) server labels; one line naming what is missing."""
+    """(AR, DFLASH, adaptive, [fixed DDTREE]) server labels; one line naming what is missing, or
+    that some servers ran ``+fusednorms`` and others not."""
+    fused = {label for label in labels if "fusednorms" in parse_server(label)[2]}
+    if fused and fused != set(labels):
+        raise kit.HarnessError(
+            f"servers {sorted(labels)}: only {sorted(fused)} ran +fusednorms; valid: every "
+            "server with the kit's torch norms or every one with the fused ones (the norms' cost "
+            "grows with a verify's tokens, so mixed runs do not compare)"
+        )
     ar, dflash, adaptive, fixed = [], [], [], []
     for label in labels:
         algorithm, _budget, mods = parse_server(label)

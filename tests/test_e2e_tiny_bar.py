@@ -93,6 +93,22 @@ def test_a_run_without_every_role_is_refused_in_one_line(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
 
 
+def test_servers_with_and_without_fused_norms_do_not_mix(tmp_path, capsys):
+    """A bar reads servers that all ran the kit's torch norms or all ran +fusednorms."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    for label in ("ar+graphs", "dflash+graphs", "ddtree63+graphs"):
+        _write(d, label + "+fusednorms", [(1, 1000)])
+    _write(d, ADAPTIVE + "+fusednorms", [(1, 1100)])
+    assert tiny_bar.main([str(d)]) == 0
+    (d / "ar_graphs_fusednorms.jsonl").unlink()
+    _write(d, "ar+graphs", [(1, 400)])
+    assert tiny_bar.main([str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "only ['ddtree63+graphs+adaptive+fusednorms', 'ddtree63+graphs+fusednorms', " in err
+    assert "ran +fusednorms; valid: every server with the kit's torch norms or every one" in err
+
+
 def test_passes_a_time_out_cut_are_left_out_at_their_concurrency(tmp_path, capsys):
     """A pass whose level of some server recorded 0 tokens/s (or ``interrupted``) does not count at
     that C; the others do, and the table says how many were cut."""
