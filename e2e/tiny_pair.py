@@ -671,9 +671,9 @@ def main(argv: list[str] | None = None) -> int:
         block = kit.drafter_block_size(args.drafter)
         args.cpu_blocks = kit.cpu_blocks(len(specs) + 1) if args.pin_cpus else None
         os.makedirs(args.out, exist_ok=True)
-        print(f"plugin: {kit.install_plugin()}", flush=True)
         if any("fusednorms" in parse_server(spec)[2] for spec in specs):
             print(kit.install_kit_norms(), flush=True)
+        print(f"plugin: {kit.install_plugin()}", flush=True)
     except kit.HarnessError as e:
         print(f"python -m e2e.tiny_pair: {e}", file=sys.stderr)
         return 2
