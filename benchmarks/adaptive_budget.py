@@ -32,7 +32,11 @@ BASELINES = ("AR", "NEXTN", "DFLASH")
 
 
 def step_costs(
-    records: list[dict], shape: str, one_batch: bool = True, field: str = "ms_per_step"
+    records: list[dict],
+    shape: str,
+    one_batch: bool = True,
+    field: str = "ms_per_step",
+    variant: str = "",
 ) -> dict[tuple[str, int | None], dict[int, float]]:
     """(algorithm, budget) -> {C: ms per step} of ``shape``'s plain one-GPU runs (no simulated
     acceptance, no profiling variant, TP 1), only where all C requests ran in one batch, unless not
@@ -40,10 +44,14 @@ def step_costs(
     max_running_requests), whose ms per step (wall time / steps of the longest request) is what
     serving C requests costs per step -- a baseline's served throughput, no budget's step cost.
     ``field`` "decode_ms_per_step" takes each step without the level's prefill, from the records
-    whose level timed it (``e2e.records``); the others are left out."""
+    whose level timed it (``e2e.records``); the others are left out. ``variant`` "fused-norms"
+    takes the servers run with the kit's one-launch norms instead of the plain ones (never both:
+    the torch norms' cost grows with a verify's tokens)."""
     costs: dict[tuple[str, int | None], dict[int, float]] = {}
     for r in records:
-        if r["shape"] != shape or r.get("variant") or r.get("simulated_accept_len") is not None:
+        if r["shape"] != shape or (r.get("variant") or "") != variant:
+            continue
+        if r.get("simulated_accept_len") is not None:
             continue
         if field not in r:
             continue
@@ -148,6 +156,12 @@ def main(argv=None) -> dict:
         "whose levels timed it)",
     )
     ap.add_argument(
+        "--variant",
+        choices=("", "fused-norms"),
+        default="",
+        help="the servers' e2e.scale variant: plain (the kit's torch norms) or fused-norms",
+    )
+    ap.add_argument(
         "--budgets",
         type=int,
         nargs="+",
@@ -162,8 +176,8 @@ def main(argv=None) -> dict:
 
     records = json.load(open(args.scale))
     field = "decode_ms_per_step" if args.decode else "ms_per_step"
-    costs = step_costs(records, args.shape, field=field)
-    served = step_costs(records, args.shape, one_batch=False, field=field)
+    costs = step_costs(records, args.shape, field=field, variant=args.variant)
+    served = step_costs(records, args.shape, one_batch=False, field=field, variant=args.variant)
     if args.budgets:
         have = sorted(b for a, b in costs if a == "DDTREE")
         if not set(args.budgets) <= set(have):
@@ -172,7 +186,8 @@ def main(argv=None) -> dict:
     table = cost_table(costs)
     if not table:
         timed = " whose levels timed their prefill (decode_ms_per_step)" if args.decode else ""
-        ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}{timed}")
+        which = f" of variant {args.variant!r}" if args.variant else ""
+        ap.error(f"--scale has no one-batch DDTREE records of shape {args.shape!r}{which}{timed}")
     config = {"cost_ms": table}
     policy = BudgetPolicy.from_dict(config, "cost table")
     if args.write_config:

@@ -421,6 +421,10 @@ def test_the_benchmark_cost_table_is_a_valid_config_of_one_batch_levels():
     records[5]["decode_ms_per_step"] = 17.5
     decode = step_costs(records, "s", field="decode_ms_per_step")
     assert decode == {("DDTREE", 15): {1: 27.0}, ("AR", None): {1: 17.5}}
+    # the fused-norm servers' costs form their own table, never mixed with the plain ones
+    records.append({**records[0], "variant": "fused-norms", "ms_per_step": 24.0})
+    assert step_costs(records, "s") == costs
+    assert step_costs(records, "s", variant="fused-norms") == {("DDTREE", 15): {1: 24.0}}
 
 
 def test_the_projection_rows_are_the_levels_ddtree_was_measured_at(tmp_path):
