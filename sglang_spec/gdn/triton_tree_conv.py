@@ -95,8 +95,13 @@ def save_conv_inputs_triton(
     )
 
 
-#: Nodes, channels and warps per ``_tree_conv_kernel`` program.
-TREE_CONV_NODES = 16
+#: Nodes, channels and warps per ``_tree_conv_kernel`` program. 8 nodes: on the H200 at the 27B
+#: shape (session 34, ``benchmarks/gdn_tree_recurrence.py --conv --sweep``) the fastest or within
+#: 0.2 µs of it at every cell timed, against 16 nodes: 5.9 / 8.6 µs at bs 16 / N 8, 8.9 / 9.7 at
+#: N 14, 9.3 / 14.7 at bs 32 / N 8, 14.9 / 15.2 at N 14, 3.7 / 4.3 at bs 1 / N 32, 4.1 / 5.0 at
+#: N 64. A 16-node tile left half its rows idle for trees of 8 nodes and held 168 registers a
+#: thread, against 96 (compiled as launched, sm_90).
+TREE_CONV_NODES = 8
 TREE_CONV_CHANNELS = 256
 TREE_CONV_WARPS = 4
 
