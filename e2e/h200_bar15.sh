@@ -12,8 +12,9 @@
 # A fused part first checks the one-launch norms against the kit's own stand-in
 # (python -m benchmarks.kit_norms) and exits 1 before any server when they disagree.
 # The compile caches are restored from .compile-cache/ (carry it) and saved to $OUT (copy the file
-# there for the next call: a cold 27B start compiles for about 75 s more).
-# Every part applies the patches, installs the plugin, runs three repeats a level at C = 1..32 with
+# there for the next call: a cold 27B start took 204 s in session 34, warm ones 60-81 s).
+# Every part applies the patches, installs the plugin, runs REPEATS (3) repeats a level at C = LEVELS
+# (1,2,4,8,16,32; e.g. LEVELS=8,16 REPEATS=5 to settle two levels) with
 # SGLang's default memory settings, under LIMIT_S seconds (480: session 31's two servers took
 # 262 s with a compile cache, the first start on a fresh machine about 150 s) for the harness.
 # Afterwards, on the CPU:
@@ -45,7 +46,7 @@ fi
 "$PY" -c 'from e2e import kit; print(kit.apply_patches()); print(kit.install_plugin())' \
   >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 timeout "$LIMIT_S" "$PY" -m e2e.scale --out "$OUT/$PART" --time-budget $((LIMIT_S - 15)) \
-  --start-estimate 150 --repeats 3 --levels 1,2,4,8,16,32 \
+  --start-estimate 150 --repeats "${REPEATS:-3}" --levels "${LEVELS:-1,2,4,8,16,32}" \
   --server-arg mem-fraction-static= --server-arg max-running-requests= \
   --servers "${servers[@]}" >"$OUT/$PART.log" 2>&1
 rc=$?

@@ -54,3 +54,12 @@ def test_a_failed_norm_check_starts_no_server(tmp_path):
 def test_a_bad_part_is_refused_before_anything_runs(tmp_path, part):
     rc, calls = run_script("h200_bar15.sh", tmp_path, 1, PART=part)
     assert rc == 2 and calls == []
+
+
+def test_levels_and_repeats_can_be_narrowed_to_settle_a_level(tmp_path):
+    rc, calls = run_script(
+        "h200_bar15.sh", tmp_path, 1, PART="fused-spec", LEVELS="8,16", REPEATS="5"
+    )
+    args = calls[-1].split()
+    assert rc == 0 and args[args.index("--levels") + 1] == "8,16"
+    assert args[args.index("--repeats") + 1] == "5"
