@@ -69,7 +69,9 @@ def _run(fn, name: str, x, r, w) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def _steps(got: torch.Tensor, want: torch.Tensor) -> float:
     """Max |diff| in bf16 rounding steps of ``want`` (2^-7 |x| + 1e-6)."""
-    return ((got.float() - want.float()).abs() / (2.0**-7 * want.float().abs() + 1e-6)).max().item()
+    from benchmarks.gdn_tree_recurrence import BF16_STEP, _rel_err
+
+    return _rel_err(got, want, 1e-6, BF16_STEP)
 
 
 def check_cell(ours, theirs, name: str, x, r, w, exact_residual: bool) -> dict:

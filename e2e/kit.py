@@ -84,22 +84,29 @@ def _package_digest() -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _site_lock(site: Path):
+    """The kit site's install lock: harnesses side by side on one machine (one per GPU) install
+    one at a time and never rewrite files a running server imports."""
+    with open(site / ".sglang_spec.install-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def install_plugin() -> str:
     """Make SGLang see this checkout's DDTREE plugin; returns what was done.
 
     In the kit: ``pip install --upgrade --target <kit site> .`` (``--upgrade``: a warm machine keeps
     the previous call's copy, which plain ``--target`` would silently leave in place), unless the
     site already holds this checkout's package (a digest of ``sglang_spec/`` and ``pyproject.toml``
-    stamped beside it), under a lock: harnesses running side by side on one machine (one per GPU)
-    install once and never rewrite the files a running server imports. On a stock install the
+    stamped beside it), under :func:`_site_lock`. On a stock install the
     entry point must already be registered by ``pip install -e '.[sglang]'``.
     """
     if in_kit():
         site = sglang_site()
         digest = _package_digest()
         stamp = site / "sglang_spec.installed-digest"
-        with open(site / ".sglang_spec.install-lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _site_lock(site):
             if stamp.is_file() and stamp.read_text() == digest:
                 return f"{REPO} already installed into {site}"
             subprocess.run(
@@ -135,7 +142,7 @@ KIT_NORMS_MODULE = "sglang_spec_kit_norms"
 def install_kit_norms() -> str:
     """Install :mod:`e2e.kit_norms` into the kit's site-packages as the SGLang plugin
     ``kit_norms`` (the file as module ``sglang_spec_kit_norms`` and a dist-info with its entry
-    point), writing only what differs, under :func:`install_plugin`'s lock. Servers started with
+    point), writing only what differs, under :func:`_site_lock`. Servers started with
     ``SGLANG_SPEC_KIT_NORMS=triton`` then run the stand-in's norms as one launch each; returns
     what was done. Outside the kit a one-line error: a stock SGLang runs sgl-kernel's fused norms."""
     if not in_kit():
@@ -152,8 +159,7 @@ def install_kit_norms() -> str:
             f"[sglang.srt.plugins]\nkit_norms = {KIT_NORMS_MODULE}:register\n"
         ),
     }
-    with open(site / ".sglang_spec.install-lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _site_lock(site):
         written = []
         for name, text in files.items():
             path = site / name
