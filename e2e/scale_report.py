@@ -23,6 +23,7 @@ from pathlib import Path
 
 from e2e import records
 from e2e.trace import markdown as profile_markdown
+from loadtests.compare import save_figure
 
 ALGORITHM_ORDER = ("AR", "NEXTN", "EAGLE3", "DFLASH", "DDTREE")
 
@@ -246,15 +247,7 @@ def plot(recs: list[dict], path: Path) -> None:
         row[0].yaxis.set_minor_formatter(FormatStrFormatter("%g"))
         row[1].set_ylim(bottom=0)
         row[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    # 256 colours hold these line plots (about 3x smaller than RGBA): the tracked tree has to fit
-    # a device call beside the kit and the compile cache (tests/test_packaging.py)
-    from PIL import Image
-
-    with Image.open(path) as im:
-        small = im.convert("RGB").quantize(colors=256)
-    small.save(path, optimize=True)
+    save_figure(fig, path, dpi=110)
 
 
 def merge_runs(results: Path, run_dirs: list[Path]) -> list[dict]:

@@ -300,9 +300,13 @@ def test_sweep_compare_end_to_end(tmp_path):
         f"fake-model_{k}.png"
         for k in sorted(["acceptance", "per_request", "speedup_ar", "speedup_nextn", "throughput"])
     ]
+    from PIL import Image
+
     for p in report_dir.glob("*.png"):
         data = p.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        with Image.open(p) as im:
+            assert im.mode == "P"  # 256 colours (save_figure): the tracked tree's size
 
 
 def test_duration_mode_and_non_streaming_generate(tmp_path):
