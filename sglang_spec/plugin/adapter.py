@@ -341,18 +341,13 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
     "sglang.srt.layers.logprob_processor:compute_spec_logprobs": Sig(
         ("batch", "logits_output", "predict", "accept_index", "chain_stride")
     ),
-    "sglang.srt.speculative.eagle_worker_common:_finalize_accept_tree_path": Sig(
-        (
-            "batch",
-            "accept_index",
-            "accept_lens",
-            "predict",
-            "logits_output",
-            "bs",
-            "token_to_kv_pool_allocator",
-            "num_draft_tokens",
-        )
+    "sglang.srt.speculative.eagle_worker_common:_compact_accept_to_front": Sig(
+        ("x", "accept_index", "bs", "num_draft_tokens")
     ),
+    f"{_SPEC_UTILS}:move_accept_tokens_to_target_kvcache": Sig(
+        ("batch", "accept_index", "num_correct_drafts", "token_to_kv_pool_allocator")
+    ),
+    f"{_FBI}:ForwardMode.DECODE": Exists(),
     # --- the tree compaction's slot lookups and the batch sizes they see (warm_accept_compaction)
     _FILL_FRONT: Sig(("num_front", "out_cache_loc", "front_out_cache_loc")),
     "sglang.kernels.ops.speculative.eagle:fill_accept_out_cache_loc_func": Sig(
@@ -384,6 +379,8 @@ _SGLANG_0_5_23: dict[str, Expectation] = {
             "reqs",
             "sampling_info",
             "return_logprob",
+            "tree_cache",
+            "mamba_track_indices",
         )
     },
     **{
@@ -948,31 +945,89 @@ def seeded_node_uniforms(batch: Any, width: int) -> torch.Tensor:
 # ------------------------------------------------------------- EAGLE's tree commit
 
 
-def finalize_accept_tree_path(
+@dataclass
+class CommitBatch:
+    """The ``ScheduleBatch`` fields SGLang's post-verify commit reads
+    (``commit_mamba_states_after_verify`` with ``_verify_commit_step_indices``,
+    ``move_accept_tokens_to_target_kvcache``): what a commit graph passes in place of the
+    scheduler's batch, its tensors the graph's static buffers (plugin.commit_graphs)."""
+
+    forward_mode: Any
+    tree_cache: Any  # only its page_size is read (the mamba track interval)
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+    out_cache_loc: torch.Tensor
+    mamba_track_indices: torch.Tensor | None
+
+
+def commit_batch(static: Any, page_size: int) -> CommitBatch:
+    """A decode batch over a commit graph's static tensors (``plugin.commit_graphs.StaticBatch``)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return CommitBatch(
+        forward_mode=ForwardMode.DECODE,
+        tree_cache=SimpleNamespace(page_size=page_size),
+        seq_lens=static.seq_lens,
+        req_pool_indices=static.req_pool_indices,
+        out_cache_loc=static.out_cache_loc,
+        mamba_track_indices=static.mamba_track_indices,
+    )
+
+
+def mamba_tracking() -> bool:
+    """Whether verify batches carry mamba track indices (``--mamba-radix-cache-strategy
+    extra_buffer``: ``prepare_mamba_track_for_verify`` sets them before every verify)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(get_exec().mamba.enable_mamba_extra_buffer)
+
+
+def commit_accepted_path(
+    target_worker: Any,
+    allocator: Any,
     batch: Any,
+    predict: torch.Tensor,
     accept_index: torch.Tensor,
     accept_lens: torch.Tensor,
-    predict: torch.Tensor,
-    logits_output: Any,
-    bs: int,
-    *,
-    token_to_kv_pool_allocator: Any,
     num_draft_tokens: int,
-) -> torch.Tensor:
-    """EAGLE's tree compaction: the accepted path's KV slots, ``predict`` and hidden rows moved
-    to the front of each request's window; returns the compacted ``predict``."""
-    from sglang.srt.speculative.eagle_worker_common import _finalize_accept_tree_path
-
-    return _finalize_accept_tree_path(
-        batch,
-        accept_index,
-        accept_lens,
-        predict,
-        logits_output,
-        bs,
-        token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-        num_draft_tokens=num_draft_tokens,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The commit of a verified tree, as EAGLE's tree verify commits (``run_eagle_verify`` with
+    ``_finalize_accept_tree_path``), less the hidden rows (:func:`compact_accepted_rows`):
+    the new lengths and bonus tokens, the mamba/GDN state at the last accepted node, the accepted
+    path's KV slots moved to the front of each request's window, and ``predict`` compacted so.
+    Returns ``(new_seq_lens, bonus, predict)``. No host sync; capturable (plugin.commit_graphs)."""
+    from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
+    from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
+    from sglang.srt.speculative.spec_utils import (
+        commit_mamba_states_after_verify,
+        move_accept_tokens_to_target_kvcache,
     )
+
+    new_seq_lens, bonus = prepare_verify_commit_outputs(
+        predict, accept_index, accept_lens, batch.seq_lens
+    )
+    # Tree-aware: steps = accept_index[b, len-1] - b*n; reads the pre-verify batch.seq_lens for
+    # the track interval.
+    commit_mamba_states_after_verify(
+        target_worker, batch, accept_lens, accept_index, num_draft_tokens
+    )
+    move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, allocator)
+    bs = accept_lens.shape[0]
+    predict = _compact_accept_to_front(predict, accept_index, bs, num_draft_tokens=num_draft_tokens)
+    return new_seq_lens, bonus, predict
+
+
+def compact_accepted_rows(
+    x: torch.Tensor, accept_index: torch.Tensor, num_draft_tokens: int
+) -> torch.Tensor:
+    """EAGLE's tree compaction of node-indexed rows (``[bs * num_draft_tokens, ...]``): each
+    request's accepted path first in its window (``_compact_accept_to_front``)."""
+    from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
+
+    bs = accept_index.shape[0]
+    return _compact_accept_to_front(x, accept_index, bs, num_draft_tokens=num_draft_tokens)
 
 
 # Rows per launch of SGLang's tiled KV-move kernel. Its tile is [rows, bytes] with a 64-bit pointer
@@ -986,7 +1041,7 @@ KV_MOVE_ROWS = 128
 
 
 def cap_kv_move_chunks(kv_cache: Any, rows: int = KV_MOVE_ROWS) -> bool:
-    """Make SGLang's KV-move (the tree compaction of ``finalize_accept_tree_path``) copy at most
+    """Make SGLang's KV-move (the tree compaction of ``commit_accepted_path``) copy at most
     ``rows`` slots per launch of its tiled kernel, and launch it on slot 0 onto itself (as SGLang's
     pool warms its own) for every specialization a move can hit (:func:`kv_move_warm_counts`), so
     each is compiled at start-up, not in a decode step (session 23's 27B server compiled one inside

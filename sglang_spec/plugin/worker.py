@@ -16,7 +16,9 @@ A decode step is one method per stage, called in order by ``_decode_step``
     walk_stage            greedy: eagle_sample (verify_tree_greedy); T > 0: sample_node_tokens
                           (sglang_spec.tree.sampler, no [bs, N, V] buffers) + verify_tree_greedy;
                           with SGLANG_SIMULATE_ACC_LEN (benchmarks) the tree's best path instead
-    commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction
+    commit_stage          mamba/GDN commit at accept_index, bonus, logprobs, KV compaction: by
+                          replay of a CUDA graph per (shape, batch size) where one covers the
+                          step (plugin.commit_graphs), else eagerly, with the same function
     append_context_stage  drafter context KV from the compacted accepted rows
 
 Budget by batch size (``--speculative-adaptive``, :mod:`sglang_spec.plugin.budget`): each decode
@@ -51,7 +53,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -73,13 +74,13 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,
     build_grammar_vocab_mask,
-    commit_mamba_states_after_verify,
 )
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 import sglang_spec.plugin.adapter as adapter
 import sglang_spec.plugin.draft_sampler as draft_sampler
 from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
+from sglang_spec.plugin.commit_graphs import CommitGraphs, CommitShape
 from sglang_spec.plugin.config import SYNC_WARNING, load_budget_policy, runtime_config
 from sglang_spec.plugin.context_graphs import ContextAppendGraphs, append_context
 from sglang_spec.plugin.simulate import simulated_acceptance
@@ -175,6 +176,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.config.adaptive_config is not None:
             self.init_budgets()
         self.context_append = self.build_context_append()
+        self.commit_graphs: CommitGraphs | None = None  # built in init_cuda_graphs
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker: %s; hooks=%s; patches expected=%s",
@@ -264,6 +266,7 @@ class DDTreeWorker(DFlashWorkerV2):
                     self.context_append.graph_bs[-1],
                 )
         self.warm_accept_compaction()
+        self.commit_graphs = self.build_commit_graphs()
         if self.budgets is None:
             return
         server = self.config.budget
@@ -286,6 +289,51 @@ class DDTreeWorker(DFlashWorkerV2):
                 dict(sorted(graphs.items())),
                 self.budgets.policy.cost_ms,
             )
+
+    def commit(self, batch, predict, accept_index, accept_lens, width):
+        """The eager commit of a verified tree (``adapter.commit_accepted_path``): what the
+        commit graphs capture, and what runs where none covers a step."""
+        return adapter.commit_accepted_path(
+            self.target_worker,
+            self.model_runner.token_to_kv_pool_allocator,
+            batch,
+            predict,
+            accept_index,
+            accept_lens,
+            width,
+        )
+
+    def build_commit_graphs(self) -> CommitGraphs | None:
+        """With decode CUDA graphs on a GPU, :class:`CommitGraphs` for every candidate budget's
+        (verify width, accept width) at each batch size up to the largest decode graph or the
+        running-request cap, whichever is smaller (a batch never exceeds the cap, and patch 0003's
+        fold window has a row per request up to it), captured here (after the pools exist: the
+        commit writes them). None otherwise: every step commits eagerly. The accept width is what
+        the walk produces, ``max_depth + 1`` (under simulated acceptance too:
+        ``simulate.simulated_acceptance``)."""
+        graph_bs = adapter.decode_cuda_graph_bs()
+        if torch.device(self.device).type != "cuda" or not graph_bs:
+            return None
+        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
+        track = adapter.mamba_tracking()
+        shapes = [CommitShape(c.verify_width, c.max_depth + 1, track) for c in configs]
+        page_size = self.server_args.page_size
+        graphs = CommitGraphs(
+            self.commit,
+            lambda static: adapter.commit_batch(static, page_size),
+            shapes=shapes,
+            max_bs=min(max(graph_bs), adapter.max_running_requests(self) or max(graph_bs)),
+            device=self.device,
+        )
+        graphs.capture(adapter.graph_capture_scope)
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE commit: %d CUDA graphs, shapes %s, batch sizes 1 to %d.",
+                len(graphs.graphs),
+                graphs.shapes,
+                graphs.graph_bs[-1],
+            )
+        return graphs
 
     def warm_tree_layouts(self) -> None:
         """Lay out a one-request placeholder tree at every candidate budget, so that the tree
@@ -695,33 +743,26 @@ class DDTreeWorker(DFlashWorkerV2):
         return predict, num_correct + 1, accept_index
 
     def commit_stage(self, batch, verified: Verified, walked: Walked, on_publish) -> Committed:
-        """Commit the accepted path: GDN state at the last accepted node, bonus, logprobs, KV
-        compaction (the accepted rows move to the front of each request's window)."""
-        bs = int(batch.seq_lens.shape[0])
+        """Commit the accepted path: logprobs, then GDN state at the last accepted node, bonus,
+        KV compaction (the accepted rows move to the front of each request's window) by graph
+        replay where one covers the step (plugin.commit_graphs), and the target hidden rows
+        compacted the same way for the drafter's context."""
         n = self.config.verify_width
         prefix_lens = batch.seq_lens
-        new_seq_lens, bonus = prepare_verify_commit_outputs(
-            walked.predict, walked.accept_index, walked.accept_lens, batch.seq_lens
-        )
-        # Tree-aware: steps = accept_index[b, len-1] - b*n; reads the pre-verify
-        # batch.seq_lens for the track interval.
-        commit_mamba_states_after_verify(
-            self.target_worker, batch, walked.accept_lens, walked.accept_index, n
-        )
-        if batch.return_logprob:
+        if batch.return_logprob:  # reads the uncompacted predict
             compute_spec_logprobs(
                 batch, verified.logits_output, walked.predict, accept_index=walked.accept_index
             )
-        predict = adapter.finalize_accept_tree_path(
-            batch,
-            walked.accept_index,
-            walked.accept_lens,
-            walked.predict,
-            verified.logits_output,
-            bs,
-            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            num_draft_tokens=n,
-        )
+        args = (batch, walked.predict, walked.accept_index, walked.accept_lens, n)
+        if self.commit_graphs is None:
+            new_seq_lens, bonus, predict = self.commit(*args)
+        else:
+            (new_seq_lens, bonus, predict), _ = self.commit_graphs(*args)
+        out = verified.logits_output
+        if out.hidden_states is not None:
+            out.hidden_states = adapter.compact_accepted_rows(
+                out.hidden_states, walked.accept_index, n
+            )
         if on_publish is not None:
             on_publish(new_seq_lens)
         return Committed(predict, new_seq_lens, bonus, prefix_lens)

@@ -157,20 +157,24 @@ def captured_batch_size(graph_bs: Sequence[int], bs: int) -> int | None:
 
 
 def capture_graphs(
-    run: Callable[[int, int], None],
-    keys: Iterable[int],
+    run: Callable[[Any, int], None],
+    keys: Iterable[Any],
     graph_bs: list[int],
     capture_scope: Callable[[], ContextManager[tuple[Any, Any]]],
-) -> dict[tuple[int, int], torch.cuda.CUDAGraph]:
+    prepare: Callable[[Any, int], None] | None = None,
+) -> dict[tuple[Any, int], torch.cuda.CUDAGraph]:
     """One CUDA graph of ``run(key, bs)`` per key and batch size, largest key and batch first
     so the smaller ones reuse the memory pool. ``capture_scope()`` yields the stream and the
     memory pool to capture with (the serving framework's, so collectives inside are
     capturable). Two eager warm-ups before each capture: they compile the kernels and leave the
-    caching allocator steady."""
+    caching allocator steady. ``prepare(key, bs)``, when given, runs before each key and batch
+    size's warm-ups, outside the capture (it sets the static inputs the capture runs on)."""
     graphs = {}
     with capture_scope() as (stream, pool):
         for key in sorted(keys, reverse=True):
             for bs in sorted(graph_bs, reverse=True):
+                if prepare is not None:
+                    prepare(key, bs)
                 for _ in range(2):
                     run(key, bs)
                 graph = torch.cuda.CUDAGraph()
