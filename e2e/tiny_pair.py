@@ -306,7 +306,7 @@ def _pinned(srv: kit.Server) -> dict:
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
-    """The server's DDTREE log lines and sync warnings into ``res``; its log tail printed when it
+    """The server's DDTREE log lines, commit-graph lines and sync warnings into ``res``; its log tail printed when it
     failed; its log deleted when it passed (the device returns few files)."""
     lines = srv.log_text().splitlines()
     res["log_ddtree"] = [
@@ -314,6 +314,9 @@ def finish(res: dict, srv: kit.Server, args) -> None:
     ][:20]
     # SGLANG_DDTREE_SYNC_CHECK=warn: torch's warning at each synchronizing operation of a step
     res["sync_warnings"] = [ln for ln in lines if SYNC_WARNING in ln][:20]
+    # the commit graphs' capture line and each (shape, batch size) whose steps missed them
+    # (plugin.commit_graphs), whatever number of DDTREE lines came before
+    res["log_commit"] = [ln for ln in lines if "DDTREE commit:" in ln][:20]
     if not res["ok"]:
         print(
             f"--- {res['label']} FAILED ({res.get('error')}); log tail:\n"

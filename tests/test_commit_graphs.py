@@ -191,6 +191,25 @@ def test_what_no_graph_covers_commits_eagerly():
     assert graphs(batch, predict, index, lens, 8)[1] is False
 
 
+def test_an_eager_commit_after_capture_is_logged_once_per_shape_and_batch_size(caplog):
+    """A server whose steps miss the graphs (a shape or track flag the capture did not have)
+    says so in its log, once per (shape, batch size); before any capture, nothing is logged."""
+    pools = Pools()
+    graphs = _graphs(pools)
+    with caplog.at_level("WARNING", logger="sglang_spec.plugin"):
+        graphs(*_step(2, 8, track=True), 8)
+        assert caplog.records == []  # nothing captured yet: eager by design
+        _stand_ins(graphs)
+        for seed in (1, 2):
+            graphs(*_step(2, 8, track=True, seed=seed), 8)
+        graphs(*_step(3, 8, track=True), 8)
+        graphs(*_step(2, 8), 8)  # covered: replayed, not logged
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "CommitShape(width=8, accept_width=4, track=True) at batch size 2" in lines[0]
+    assert "at batch size 3" in lines[1]
+
+
 def test_capture_runs_on_harmless_inputs_set_outside_the_graph(monkeypatch):
     """Every warm-up and capture commits only the root of request row 0 at KV slot 0 with no
     track slot, and the inputs are set before the warm-ups, never inside a capture (a graph

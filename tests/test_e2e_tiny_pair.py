@@ -139,6 +139,19 @@ def test_sync_warnings_are_recorded(tmp_path, monkeypatch):
     assert run["sync_warnings"] == []
 
 
+def test_commit_graph_lines_are_recorded(tmp_path, monkeypatch):
+    """A step that missed the commit graphs logs one line (plugin.commit_graphs); e2e.json keeps
+    such lines apart from the first 20 DDTREE lines (a passing server's log is deleted)."""
+    miss = "DDTREE commit: no CUDA graph for CommitShape(width=64) at batch size 33; eagerly."
+    assert _main(tmp_path, monkeypatch, "ddtree16", FAKE_START_LINE=miss) == 0
+    run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
+    assert run["log_commit"] == [miss]
+    (tmp_path / "off").mkdir()
+    monkeypatch.delenv("FAKE_START_LINE")
+    assert _main(tmp_path / "off", monkeypatch, "ddtree16") == 0
+    assert json.loads((tmp_path / "off" / "out" / "e2e.json").read_text())[0]["log_commit"] == []
+
+
 def test_nooverlap_server_turns_overlap_scheduling_off(sglang_parse, monkeypatch):
     monkeypatch.chdir(REPO)
     for spec, off in (("ddtree16+graphs+nooverlap", True), ("ddtree16+graphs", False)):

@@ -20,7 +20,10 @@ graph captures write.
 
 A step that no graph covers (graphs off, off CUDA, a batch beyond the largest captured size, a
 shape not captured, a step whose track indices are present where the capture's were not or the
-reverse) runs the same function eagerly on the batch itself. The outputs of a replay are cloned:
+reverse) runs the same function eagerly on the batch itself; after capture, each (shape, batch
+size) that does is logged once (``DDTREE commit: no CUDA graph ...``, which ``e2e.tiny_pair`` keeps
+as ``log_commit``), so a server whose steps all miss the graphs cannot pass for one that replays
+them. The outputs of a replay are cloned:
 the next replay of the same graph overwrites its outputs while the scheduler may still read the
 step's (overlap scheduling). Nothing here reads the device from the host; importing this module
 does not import SGLang.
@@ -28,6 +31,7 @@ does not import SGLang.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,6 +40,8 @@ from typing import Any
 import torch
 
 from sglang_spec.tree.head import capture_graphs
+
+logger = logging.getLogger("sglang_spec.plugin")
 
 #: ``commit(batch, predict, accept_index, accept_lens, width) -> (new_seq_lens, bonus, predict)``:
 #: ``batch`` is the scheduler's or a :class:`StaticBatch` (through ``make_batch``).
@@ -99,6 +105,9 @@ class CommitGraphs:
         self.track_indices = torch.zeros(max_bs, **i64)
         self.graphs: dict[tuple[CommitShape, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[CommitShape, int], tuple[torch.Tensor, ...]] = {}
+        # (shape, batch size) of the eager commits after capture, each logged once: a server
+        # whose steps all miss the graphs would otherwise look like one that replays them
+        self.missed: set[tuple[CommitShape, int]] = set()
 
     def _static(self, shape: CommitShape, bs: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         batch = StaticBatch(
@@ -159,6 +168,15 @@ class CommitGraphs:
         shape = CommitShape(width, accept_width, track is not None)
         graph = self.graphs.get((shape, bs))
         if graph is None or batch.out_cache_loc.numel() < bs * width:
+            if self.graphs and (shape, bs) not in self.missed:
+                self.missed.add((shape, bs))
+                logger.warning(
+                    "DDTREE commit: no CUDA graph for %s at batch size %d (%d verify slots); "
+                    "such steps commit eagerly.",
+                    shape,
+                    bs,
+                    batch.out_cache_loc.numel(),
+                )
             return self.commit(batch, predict, accept_index, accept_lens, width), False
         self.predict[: bs * width].copy_(predict[: bs * width])
         self.accept_index[: bs * accept_width].copy_(accept_index.reshape(-1))
