@@ -306,8 +306,8 @@ def _pinned(srv: kit.Server) -> dict:
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
-    """The server's DDTREE log lines, commit-graph lines and sync warnings into ``res``; its log tail printed when it
-    failed; its log deleted when it passed (the device returns few files)."""
+    """The server's DDTREE log lines, commit-graph lines and sync warnings into ``res``; its log
+    tail printed when it failed; its log deleted when it passed (the device returns few files)."""
     lines = srv.log_text().splitlines()
     res["log_ddtree"] = [
         ln for ln in lines if "DDTREE" in ln or "ddtree" in ln or "sglang_spec" in ln

@@ -28,6 +28,7 @@ It saves each path's outputs (new lengths, bonus, ``predict``, hidden rows) and 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from types import SimpleNamespace
@@ -192,7 +193,7 @@ def main(out_path: str) -> None:
     shape = CommitShape(N, A, True)
     graphs = CommitGraphs(
         commit,
-        lambda s: adapter.commit_batch(s, page_size=1),
+        functools.partial(adapter.commit_batch, 1),
         shapes=[shape],
         max_bs=4,
         device="cpu",

@@ -11,6 +11,7 @@ without CUDA. The GPU check is the tiny pair's greedy = AR on real SGLang (e2e.t
 from __future__ import annotations
 
 import contextlib
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -68,7 +69,7 @@ def fake_commit(pools, calls=None):
 def _graphs(pools, shapes=((8, 4, False), (16, 4, False)), max_bs=4, calls=None):
     return cm.CommitGraphs(
         fake_commit(pools, calls),
-        lambda static: static,
+        SimpleNamespace,
         shapes=[cm.CommitShape(*s) for s in shapes],
         max_bs=max_bs,
         device="cpu",
@@ -276,9 +277,14 @@ def test_the_adapters_batch_over_static_tensors_is_a_decode_batch():
 
     from sglang_spec.plugin import adapter
 
-    graphs = _graphs(Pools(), shapes=((8, 4, True),))
-    static = graphs._static(cm.CommitShape(8, 4, True), 3)[0]
-    batch = adapter.commit_batch(static, page_size=16)
+    graphs = cm.CommitGraphs(
+        fake_commit(Pools()),
+        functools.partial(adapter.commit_batch, 16),
+        shapes=[cm.CommitShape(8, 4, True)],
+        max_bs=4,
+        device="cpu",
+    )
+    batch = graphs._static(cm.CommitShape(8, 4, True), 3)[0]
     assert batch.forward_mode == ForwardMode.DECODE and batch.tree_cache.page_size == 16
     assert batch.seq_lens.data_ptr() == graphs.seq_lens.data_ptr()
     assert batch.mamba_track_indices.shape == (3,) and batch.out_cache_loc.shape == (24,)

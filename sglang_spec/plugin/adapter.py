@@ -960,19 +960,15 @@ class CommitBatch:
     mamba_track_indices: torch.Tensor | None
 
 
-def commit_batch(static: Any, page_size: int) -> CommitBatch:
-    """A decode batch over a commit graph's static tensors (``plugin.commit_graphs.StaticBatch``)."""
+def commit_batch(page_size: int, **tensors: torch.Tensor | None) -> CommitBatch:
+    """A decode batch over a commit graph's static tensors (``seq_lens``, ``req_pool_indices``,
+    ``out_cache_loc``, ``mamba_track_indices``: ``plugin.commit_graphs``'s ``make_batch``)."""
     from types import SimpleNamespace
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     return CommitBatch(
-        forward_mode=ForwardMode.DECODE,
-        tree_cache=SimpleNamespace(page_size=page_size),
-        seq_lens=static.seq_lens,
-        req_pool_indices=static.req_pool_indices,
-        out_cache_loc=static.out_cache_loc,
-        mamba_track_indices=static.mamba_track_indices,
+        forward_mode=ForwardMode.DECODE, tree_cache=SimpleNamespace(page_size=page_size), **tensors
     )
 
 
@@ -999,7 +995,6 @@ def commit_accepted_path(
     path's KV slots moved to the front of each request's window, and ``predict`` compacted so.
     Returns ``(new_seq_lens, bonus, predict)``. No host sync; capturable (plugin.commit_graphs)."""
     from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
-    from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
     from sglang.srt.speculative.spec_utils import (
         commit_mamba_states_after_verify,
         move_accept_tokens_to_target_kvcache,
@@ -1014,9 +1009,7 @@ def commit_accepted_path(
         target_worker, batch, accept_lens, accept_index, num_draft_tokens
     )
     move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, allocator)
-    bs = accept_lens.shape[0]
-    predict = _compact_accept_to_front(predict, accept_index, bs, num_draft_tokens=num_draft_tokens)
-    return new_seq_lens, bonus, predict
+    return new_seq_lens, bonus, compact_accepted_rows(predict, accept_index, num_draft_tokens)
 
 
 def compact_accepted_rows(

@@ -44,7 +44,7 @@ from sglang_spec.tree.head import capture_graphs
 logger = logging.getLogger("sglang_spec.plugin")
 
 #: ``commit(batch, predict, accept_index, accept_lens, width) -> (new_seq_lens, bonus, predict)``:
-#: ``batch`` is the scheduler's or a :class:`StaticBatch` (through ``make_batch``).
+#: ``batch`` is the scheduler's or ``make_batch``'s over the static buffers.
 CommitFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -58,27 +58,18 @@ class CommitShape:
     track: bool
 
 
-@dataclass
-class StaticBatch:
-    """The batch fields the commit reads, as views of the graphs' static buffers."""
-
-    seq_lens: torch.Tensor
-    req_pool_indices: torch.Tensor
-    out_cache_loc: torch.Tensor
-    mamba_track_indices: torch.Tensor | None
-
-
 class CommitGraphs:
     """``commit`` by graph replay per (shape, exact batch size) once captured; eager before
     :meth:`capture`, and for what no graph covers (module docstring).
 
-    ``make_batch(static)`` turns a :class:`StaticBatch` into what ``commit`` takes as its batch
-    (the adapter adds the fields that are constant for a server)."""
+    ``make_batch(seq_lens=, req_pool_indices=, out_cache_loc=, mamba_track_indices=)`` makes
+    what ``commit`` takes as its batch from those fields as views of the static buffers (the
+    adapter adds the fields that are constant for a server)."""
 
     def __init__(
         self,
         commit: CommitFn,
-        make_batch: Callable[[StaticBatch], Any],
+        make_batch: Callable[..., Any],
         *,
         shapes: list[CommitShape],
         max_bs: int,
@@ -110,14 +101,14 @@ class CommitGraphs:
         self.missed: set[tuple[CommitShape, int]] = set()
 
     def _static(self, shape: CommitShape, bs: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        batch = StaticBatch(
+        batch = self.make_batch(
             seq_lens=self.seq_lens[:bs],
             req_pool_indices=self.req_pool_indices[:bs],
             out_cache_loc=self.out_cache_loc[: bs * shape.width],
             mamba_track_indices=self.track_indices[:bs] if shape.track else None,
         )
         accept_index = self.accept_index[: bs * shape.accept_width].view(bs, shape.accept_width)
-        return self.make_batch(batch), self.predict[: bs * shape.width], accept_index
+        return batch, self.predict[: bs * shape.width], accept_index
 
     def _run_static(self, shape: CommitShape, bs: int) -> None:
         batch, predict, accept_index = self._static(shape, bs)

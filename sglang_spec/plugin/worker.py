@@ -317,10 +317,9 @@ class DDTreeWorker(DFlashWorkerV2):
         configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
         track = adapter.mamba_tracking()
         shapes = [CommitShape(c.verify_width, c.max_depth + 1, track) for c in configs]
-        page_size = self.server_args.page_size
         graphs = CommitGraphs(
             self.commit,
-            lambda static: adapter.commit_batch(static, page_size),
+            functools.partial(adapter.commit_batch, self.server_args.page_size),
             shapes=shapes,
             max_bs=min(max(graph_bs), adapter.max_running_requests(self) or max(graph_bs)),
             device=self.device,
