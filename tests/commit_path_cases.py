@@ -15,10 +15,13 @@ inputs, and a KV pool stand-in whose ``move_kv_cache`` copies rows of one tensor
   ``commit_mamba_states_after_verify``, then ``_finalize_accept_tree_path`` (the KV move and the
   compaction of ``predict`` and the hidden rows);
 * ``eager``: ``adapter.commit_accepted_path`` then ``adapter.compact_accepted_rows``;
-* ``graph``: the same step through ``CommitGraphs`` over ``adapter.commit_batch``'s static batch,
+* ``graph``: the same step through ``CommitGraphs`` over ``adapter.commit_batch_maker``'s static
+  batch,
   its graphs stand-ins that run the captured call (so every batch field SGLang reads must be on
   the static batch, and the copies into it complete);
 * ``tracking``: ``adapter.mamba_tracking()`` under that configuration;
+* ``static``: that static batch at batch size 3: its tree page (the resolved ``--page-size``; the
+  raw record's is None, and SGLang's track grid is ``math.lcm`` of it), mode and buffer views;
 * ``capture``: what the graphs' warm-up inputs change in the pools (``_fill_harmless`` for every
   shape and batch size): only request row 0's state slot and KV slot 0 may move.
 
@@ -28,7 +31,6 @@ It saves each path's outputs (new lengths, bonus, ``predict``, hidden rows) and 
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from types import SimpleNamespace
@@ -143,7 +145,7 @@ def outputs(new_seq_lens, bonus, predict, hidden, pools) -> dict:
 def main(out_path: str) -> None:
     from patched_sglang import publish_tiny_ddtree
 
-    publish_tiny_ddtree()
+    sa = publish_tiny_ddtree()
     import sglang.srt.speculative.spec_utils as spec_utils
     from sglang.kernels.ops.speculative.eagle import prepare_verify_commit_outputs
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -193,11 +195,20 @@ def main(out_path: str) -> None:
     shape = CommitShape(N, A, True)
     graphs = CommitGraphs(
         commit,
-        functools.partial(adapter.commit_batch, 1),
+        adapter.commit_batch_maker(sa),
         shapes=[shape],
         max_bs=4,
         device="cpu",
     )
+    static = graphs._static(shape, 3)[0]
+    saved["static"] = {
+        "raw_page_size": sa.page_size,
+        "page_size": static.tree_cache.page_size,
+        "decode": static.forward_mode == ForwardMode.DECODE,
+        "views": static.seq_lens.data_ptr() == graphs.seq_lens.data_ptr()
+        and tuple(static.mamba_track_indices.shape) == (3,)
+        and tuple(static.out_cache_loc.shape) == (3 * N,),
+    }
     touched = []
     for bs in reversed(graphs.graph_bs):  # the warm-up inputs of every capture, as capture runs
         before = pools.snapshot()

@@ -90,7 +90,8 @@ def publish_tiny_ddtree(*args: str):
     """For a child process: register the DDTREE plug-in and publish a tiny-hybrid DDTREE server's
     configuration as ``launch_server`` does (``prepare_server_args``, ``resolve_once``,
     ``set_server_args``; publishing is process-wide), with SGLang's GPU platform check for
-    ``extra_buffer`` answered as on CUDA. ``args``: the server's further flags. Returns its
+    ``extra_buffer`` answered as on CUDA, and no ``--page-size`` (as ``e2e.tiny_pair`` serves: the raw
+    record's is None, the resolved one 1). ``args``: the server's further flags. Returns its
     ServerArgs."""
     import sglang.srt.arg_groups.mamba_hook as mamba_hook
     from sglang.srt.runtime_context import get_context
@@ -105,7 +106,7 @@ def publish_tiny_ddtree(*args: str):
         ["--model-path", str(fixtures / "hybrid"), "--device", "cuda"]
         + ["--speculative-algorithm", "DDTREE"]
         + ["--speculative-draft-model-path", str(fixtures / "hybrid-dflash")]
-        + ["--attention-backend", "triton", "--page-size", "1", *args]
+        + ["--attention-backend", "triton", *args]
     )
     sa.resolve_once()
     get_context().set_server_args(sa)

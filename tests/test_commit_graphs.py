@@ -11,7 +11,6 @@ without CUDA. The GPU check is the tiny pair's greedy = AR on real SGLang (e2e.t
 from __future__ import annotations
 
 import contextlib
-import functools
 from types import SimpleNamespace
 
 import pytest
@@ -272,24 +271,6 @@ def test_bad_shapes_are_refused():
         _graphs(Pools(), max_bs=0)
 
 
-def test_the_adapters_batch_over_static_tensors_is_a_decode_batch():
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    from sglang_spec.plugin import adapter
-
-    graphs = cm.CommitGraphs(
-        fake_commit(Pools()),
-        functools.partial(adapter.commit_batch, 16),
-        shapes=[cm.CommitShape(8, 4, True)],
-        max_bs=4,
-        device="cpu",
-    )
-    batch = graphs._static(cm.CommitShape(8, 4, True), 3)[0]
-    assert batch.forward_mode == ForwardMode.DECODE and batch.tree_cache.page_size == 16
-    assert batch.seq_lens.data_ptr() == graphs.seq_lens.data_ptr()
-    assert batch.mamba_track_indices.shape == (3,) and batch.out_cache_loc.shape == (24,)
-
-
 def _stage_worker(commit_graphs=None):
     from sglang_spec.plugin.config import DDTreeConfig
     from sglang_spec.plugin.worker import DDTreeWorker
@@ -377,11 +358,20 @@ def test_the_commit_is_eagle_tree_verifys_commit(sglang_commit):
 
 
 def test_a_commit_graph_runs_sglangs_commit_on_its_static_batch(sglang_commit):
-    """The graph path (CommitGraphs over adapter.commit_batch) gives the eager commit's outputs
+    """The graph path (CommitGraphs over adapter.commit_batch_maker) gives the eager commit's outputs
     and pool writes on SGLang's own functions: the static batch has every field they read."""
     eager, graph = sglang_commit["eager"], sglang_commit["graph"]
     for key in eager:
         assert torch.equal(eager[key], graph[key]), key
+
+
+def test_the_static_batch_is_a_decode_batch_on_the_resolved_page(sglang_commit):
+    """adapter.commit_batch_maker's batch over the static buffers: a decode batch whose tree page is
+    the resolved page size (1) although the server was started without --page-size (the raw
+    record's None made the H100 capture fail in math.lcm, session 36), its tensors views."""
+    static = sglang_commit["static"]
+    assert static["raw_page_size"] is None and static["page_size"] == 1
+    assert static["decode"] and static["views"]
 
 
 def test_commit_graph_captures_touch_only_the_dummy_slots(sglang_commit):

@@ -30,7 +30,7 @@ import functools
 import importlib
 import inspect
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -960,16 +960,23 @@ class CommitBatch:
     mamba_track_indices: torch.Tensor | None
 
 
-def commit_batch(page_size: int, **tensors: torch.Tensor | None) -> CommitBatch:
-    """A decode batch over a commit graph's static tensors (``seq_lens``, ``req_pool_indices``,
-    ``out_cache_loc``, ``mamba_track_indices``: ``plugin.commit_graphs``'s ``make_batch``)."""
+def commit_batch_maker(server_args: Any) -> Callable[..., CommitBatch]:
+    """``make_batch`` for ``plugin.commit_graphs``: a decode batch over a commit graph's static
+    tensors (``seq_lens``, ``req_pool_indices``, ``out_cache_loc``, ``mamba_track_indices``), its
+    ``tree_cache.page_size`` the page the scheduler's radix tree allocates on -- the resolved
+    ``--page-size`` (``resolved_view``): the raw record's is None when the flag is unset, and the
+    commit's mamba track grid (``mamba_track_grid``) needs the number."""
     from types import SimpleNamespace
 
+    from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    return CommitBatch(
-        forward_mode=ForwardMode.DECODE, tree_cache=SimpleNamespace(page_size=page_size), **tensors
-    )
+    tree_cache = SimpleNamespace(page_size=resolved_view(server_args).page_size)
+
+    def make(**tensors: torch.Tensor | None) -> CommitBatch:
+        return CommitBatch(forward_mode=ForwardMode.DECODE, tree_cache=tree_cache, **tensors)
+
+    return make
 
 
 def mamba_tracking() -> bool:

@@ -319,7 +319,7 @@ class DDTreeWorker(DFlashWorkerV2):
         shapes = [CommitShape(c.verify_width, c.max_depth + 1, track) for c in configs]
         graphs = CommitGraphs(
             self.commit,
-            functools.partial(adapter.commit_batch, self.server_args.page_size),
+            adapter.commit_batch_maker(self.server_args),
             shapes=shapes,
             max_bs=min(max(graph_bs), adapter.max_running_requests(self) or max(graph_bs)),
             device=self.device,
