@@ -369,9 +369,8 @@ def test_a_step_measures_every_nested_budget_exactly(seed, horizon, budgets):
     n = tree.width
     flat = torch.where(walk.accepted >= 0, walk.accepted + torch.arange(bs).unsqueeze(1) * n, -1)
     measured = ctl.measured_by(big)
-    sums = accepted_tokens_within(flat, n, torch.tensor(measured))
-    assert sums.dtype == torch.float32  # what the controller's moving averages take
-    for b, total in zip(measured, sums.tolist(), strict=True):
+    sums = accepted_tokens_within(flat.numpy(), n, measured)
+    for b, total in zip(measured, sums, strict=True):
         alone = accepted(build_ddtree(logits, b, roots))
         assert total == float((alone.accept_len + 1).sum()), (b, big)
 
@@ -543,3 +542,26 @@ def test_the_projection_takes_only_the_budgets_asked_for(tmp_path, capsys):
     assert (
         "--budgets [7, 31]: valid are budgets with records, [7, 15, 63]" in capsys.readouterr().err
     )
+
+
+def test_the_host_cost_benchmark_times_valid_walks_and_refuses_bad_sizes(tmp_path):
+    """benchmarks.budget_host_cost: its walks are the walk's layout (root first, slots rising,
+    -1 padded, each row in its own block of width: slot 0 counts the roots, slot 63 every node);
+    it writes a row a batch size, and a bad size is one line naming it."""
+    import json
+
+    import numpy as np
+
+    from benchmarks.budget_host_cost import main, walks
+
+    w = walks(5, 64, 16, seed=3)
+    for b, row in enumerate(w):
+        path = row[row >= 0] - b * 64
+        assert path[0] == 0 and np.all(np.diff(path) > 0) and path[-1] < 64
+        assert np.all(row[len(path) :] == -1)
+    assert accepted_tokens_within(w, 64, [0, 63]) == [5, int((w >= 0).sum())]
+    main(["--batch-sizes", "1,3", "--repeats", "3", "--json", str(tmp_path / "t.json")])
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert [r["bs"] for r in rows] == [1, 3] and all(r["total_us"] > 0 for r in rows)
+    with pytest.raises(SystemExit, match="--batch-sizes '0'"):
+        main(["--batch-sizes", "0"])

@@ -315,21 +315,19 @@ class BudgetController:
             self._measured_at[b] = self._observed
 
 
-def accepted_tokens_within(accept_index, width: int, limits):
+def accepted_tokens_within(accept_index, width: int, limits: Sequence[int]) -> list[int]:
     """Per budget b in ``limits``, the batch's accepted tokens (root/bonus included) whose tree
     slot is <= b.
 
-    ``accept_index [bs, D]`` holds SGLang's flat accepted node ids (``request * width + slot``,
-    root first, -1 padded); ``limits`` is a 1-D integer tensor of budgets on the same device, built
-    once (on CUDA, a tensor made from a Python list in the step is a host-to-device copy, which
-    makes the host wait for the GPU). Returns a float32 tensor ``[len(limits)]`` on that device,
-    with no host synchronisation.
+    ``accept_index [bs, D]`` is a host array (numpy, or anything ``numpy.asarray`` takes without a
+    copy, such as a CPU tensor) of SGLang's flat accepted node ids (``request * width + slot``, root
+    first, -1 padded): the worker sums the host copy of each step's ids once the scheduler has them
+    (``DDTreeWorker.on_verify_complete_cpu``). On arrays this small numpy takes a fraction of
+    torch's per-op overhead, and the adaptive server pays this every decode step
+    (``benchmarks.budget_host_cost``).
     """
-    import torch
+    import numpy as np
 
-    bs = accept_index.shape[0]
-    rows = torch.arange(bs, device=accept_index.device, dtype=accept_index.dtype).unsqueeze(1)
-    slots = accept_index - rows * width
-    valid = accept_index >= 0
-    inside = valid.unsqueeze(-1) & (slots.unsqueeze(-1) <= limits)
-    return inside.sum(dim=(0, 1)).to(torch.float32)
+    ids = np.asarray(accept_index)
+    slots = (ids - np.arange(ids.shape[0])[:, None] * width)[ids >= 0]
+    return np.searchsorted(np.sort(slots), limits, side="right").tolist()

@@ -236,11 +236,6 @@ class DDTreeWorker(DFlashWorkerV2):
             on_switch=_log_budget_switch if get_parallel().tp_rank == 0 else None,
         )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
-        # what a step at each budget measures, as host tensors built once: the sums run on the
-        # host copy of each step's accepted node ids (measure_budgets)
-        self.budget_limits = {
-            b: torch.tensor(self.budgets.measured_by(b), dtype=torch.int64) for b in policy.budgets
-        }
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
         # (budget, verify width, host accept_index, requests) of each decode step whose results
         # the scheduler has not processed yet: with overlap scheduling the next step is launched
@@ -396,8 +391,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 f"DDTREE budget measurements out of step with the scheduler: a step of {n} "
                 f"requests measured, results of {batch_size} reported"
             )
-        sums = accepted_tokens_within(accepted, width, self.budget_limits[budget])
-        self.budgets.observe(budget, sums.tolist(), n)
+        sums = accepted_tokens_within(accepted.numpy(), width, self.budgets.measured_by(budget))
+        self.budgets.observe(budget, sums, n)
 
     def _maybe_build_draft_sampler(self):
         """The draft LM head, per-depth top-K and tree as CUDA graphs per candidate budget, fed

@@ -1,0 +1,93 @@
+"""``python -m benchmarks.budget_host_cost``: the host time a ``--speculative-adaptive`` DDTREE
+server adds to each decode step (CPU, no model runs).
+
+Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``)
+and, once the step's accepted node ids are on the host, sums them per measured budget
+(``accepted_tokens_within``) and feeds the sums to the moving averages (``observe``). A fixed
+budget does none of this. On the tiny pair the step is launch-bound (about 3.3 ms at bs 1 on an
+H100, session 36), so this host time is step time. This times the three calls at each batch size on
+random walks of the tiny server's shape (verify width 64, accept width 16, the controller of
+``e2e/adaptive_budgets_tiny_h200.json``) and prints a table of median microseconds; ``--json``
+writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import numpy as np
+import torch
+
+from benchmarks.timing import median_timer
+from sglang_spec.plugin.budget import BudgetController, BudgetPolicy, accepted_tokens_within
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / "e2e/adaptive_budgets_tiny_h200.json"
+
+
+def walks(bs: int, width: int, accept_width: int, seed: int = 0) -> np.ndarray:
+    """``[bs, accept_width]`` flat accepted node ids as the walk leaves them: per request a path of
+    increasing slots from the root, -1 padded."""
+    rng = np.random.default_rng(seed)
+    out = np.full((bs, accept_width), -1, dtype=np.int32)
+    for b in range(bs):
+        n = int(rng.integers(1, accept_width + 1))
+        slots = np.sort(rng.choice(np.arange(1, width), n - 1, replace=False))
+        out[b, :n] = np.concatenate([[0], slots]) + b * width
+    return out
+
+
+def time_batch(policy: BudgetPolicy, bs: int, repeats: int) -> dict[str, float]:
+    """Median µs of each host call of one adaptive decode step at batch size ``bs``, on a step run
+    at the largest budget (it measures every nested candidate)."""
+    run = median_timer(torch.device("cpu"))
+    width, accept_width = 64, 16
+    ctl = BudgetController(policy, accept_width - 1, list(range(1, 33)))
+    accepted = walks(bs, width, accept_width)
+    budget = max(policy.budgets)
+    limits = ctl.measured_by(budget)
+    sums = accepted_tokens_within(accepted, width, limits)
+    t = {
+        "choose": run(lambda: ctl.choose(bs), repeats),
+        "sums": run(lambda: accepted_tokens_within(accepted, width, limits), repeats),
+        "observe": run(lambda: ctl.observe(budget, sums, bs), repeats),
+    }
+    t["total"] = sum(t.values())
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    ap.add_argument("--repeats", type=int, default=2000)
+    ap.add_argument("--json", help="write the table here")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(x) for x in args.batch_sizes.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"--batch-sizes {args.batch_sizes!r}: give whole numbers, e.g. 1,2,4"
+        ) from None
+    if not sizes or min(sizes) < 1 or args.repeats < 1:
+        raise SystemExit(
+            f"--batch-sizes {args.batch_sizes!r} / --repeats {args.repeats}: give sizes >= 1 "
+            "and repeats >= 1"
+        )
+    policy = BudgetPolicy.load(str(CONFIG))
+    rows = []
+    print("| bs | choose µs | sums µs | observe µs | total µs |")
+    print("|---|---|---|---|---|")
+    for bs in sizes:
+        t = time_batch(policy, bs, args.repeats)
+        rows.append({"bs": bs, **{f"{k}_us": round(v, 2) for k, v in t.items()}})
+        cells = " | ".join(f"{t[k]:.1f}" for k in ("choose", "sums", "observe", "total"))
+        print(f"| {bs} | {cells} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps({"config": CONFIG.name, "rows": rows}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
