@@ -6,7 +6,11 @@ within 5 % of the best fixed DDTREE budget's. ``SWEEPS_DIR`` is an ``e2e.tiny_pa
 ``tiny_pair`` names them: ``ar...``, ``dflash...``, ``ddtree<budget>...`` and one
 ``ddtree<budget>...+adaptive``), from ``e2e/h200_adaptive.sh PARTS=interleaved``, whose levels
 alternate between the servers, or from runs of one server after another; several folders when
-the servers ran in several calls (session 32: four servers one after another outran one call).
+the servers ran in several calls (session 32: four servers one after another outran one call), or
+when the same servers ran again: their passes are pooled, run after run (``load_runs``). A server
+that starts first has run 4-7 % slower than the same server started later (sessions 35 and 36,
+adaptive against the fixed DDTREE(63) at the same budget, in either direction), so the 5 %
+criterion is read from two runs with the servers in opposite orders.
 
 A concurrency swept P times (``SWEEP_PASSES``) has P levels per server; the k-th level of every
 server at C is pass k. Each ratio is taken within a pass (servers measured seconds apart in an
@@ -47,24 +51,36 @@ STEP_FIELDS = ("tokens_per_step", "median_chunk_gap_ms")  # the second table's, 
 
 
 def load_runs(*folders: Path) -> dict[str, dict[int, list[dict]]]:
-    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folders`` (one
-    server in one file only: the servers of a bar split over calls, each call's sweeps folder)."""
+    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folders``: either
+    each server in one folder (the servers of a bar split over calls), or every folder with the
+    same servers (repeated runs, say one call's servers started in the reverse order of the other's:
+    each run's passes follow the previous run's, so the k-th pass of every server is from one run).
+    One file a server in a folder."""
     runs: dict[str, dict[int, list[dict]]] = {}
-    paths = [p for folder in folders for p in folder.glob("*.jsonl")]
-    for path in sorted(paths, key=lambda p: (p.name, str(p))):  # the servers' order: by file name
-        levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-        labels = {lv.get("label") for lv in levels}
-        if len(labels) != 1 or None in labels:
-            raise kit.HarnessError(
-                f"{path}: levels of {sorted(map(str, labels))}; valid: one server"
-            )
-        label = labels.pop()
-        if label in runs:
-            raise kit.HarnessError(f"{path}: a second file of server {label!r}")
-        by_c: dict[int, list[dict]] = {}
-        for lv in levels:
-            by_c.setdefault(int(lv["max_concurrency"]), []).append(lv)
-        runs[label] = by_c
+    held: list[set[str]] = []  # each folder's servers
+    for folder in folders:
+        held.append(set())
+        for path in sorted(folder.glob("*.jsonl")):  # the servers' order: by file name
+            levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+            labels = {lv.get("label") for lv in levels}
+            if len(labels) != 1 or None in labels:
+                raise kit.HarnessError(
+                    f"{path}: levels of {sorted(map(str, labels))}; valid: one server"
+                )
+            label = labels.pop()
+            if label in held[-1]:
+                raise kit.HarnessError(f"{path}: a second file of server {label!r} in {folder}")
+            held[-1].add(label)
+            by_c = runs.setdefault(label, {})
+            for lv in levels:
+                by_c.setdefault(int(lv["max_concurrency"]), []).append(lv)
+    repeated = sum(map(len, held)) > len(runs)
+    if repeated and any(h != held[0] for h in held):
+        raise kit.HarnessError(
+            f"folders {' '.join(map(str, folders))} hold servers "
+            f"{' / '.join(str(sorted(h)) for h in held)}; valid: each server in one folder (a bar "
+            "split over calls) or the same servers in every folder (repeated runs)"
+        )
     return runs
 
 
@@ -250,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="+",
         help="e2e.tiny_pair runs' sweeps/ folders (several: a bar whose servers ran in several "
-        "calls, each server in one)",
+        "calls, each server in one, or repeated runs of the same servers, passes pooled)",
     )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)

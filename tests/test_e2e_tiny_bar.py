@@ -69,7 +69,35 @@ def test_servers_split_over_calls_read_from_several_folders(tmp_path, capsys):
     assert capsys.readouterr().out == whole
     (second / "again.jsonl").write_text((d / "ar_graphs.jsonl").read_text())
     assert tiny_bar.main([str(d), str(second)]) == 2
+    assert "valid: each server in one folder" in capsys.readouterr().err
+    (d / "again.jsonl").write_text((d / "ar_graphs.jsonl").read_text())
+    assert tiny_bar.main([str(d)]) == 2
     assert "a second file of server 'ar+graphs'" in capsys.readouterr().err
+
+
+def test_repeated_runs_pool_their_passes_run_after_run(tmp_path, capsys):
+    """The same servers in two folders (the second call's servers started in the reverse order):
+    pass k of every server is from one run, run 2's passes after run 1's. Run 1 has the adaptive
+    server 10 % under DDTREE(63) at C = 1, run 2 5 % over: pooled, the four per-pass ratios
+    0.9, 0.9, 1.05, 1.05 have the median 0.975, not the one of either run."""
+    one = _run(tmp_path, [(1, 1080), (2, 2300), (1, 720), (2, 1533)])
+    two = tmp_path / "run2"
+    two.mkdir()
+    for f in one.glob("*.jsonl"):
+        (two / f.name).write_text(f.read_text())
+    _write(two, ADAPTIVE, [(1, 1260), (2, 2300), (1, 840), (2, 1533)])
+    out = tmp_path / "bar.json"
+    assert tiny_bar.main([str(one), str(two), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert rows[0]["passes"] == 4
+    best = rows[0]["adaptive_over"]["best_fixed"]
+    assert (best["median"], best["low"], best["high"]) == pytest.approx((0.975, 0.9, 1.05))
+    assert rows[0]["tokens_per_s"][ADAPTIVE] == 960  # median of 1080, 720, 1260, 840
+    # one run missing a server is neither a split nor a repeat
+    (two / "dflash_graphs.jsonl").unlink()
+    assert tiny_bar.main([str(one), str(two)]) == 2
+    err = capsys.readouterr().err
+    assert "valid: each server in one folder (a bar split over calls) or the same" in err
 
 
 def test_a_miss_is_named_with_its_concurrency(tmp_path, capsys):
