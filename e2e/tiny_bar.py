@@ -7,10 +7,11 @@ within 5 % of the best fixed DDTREE budget's. ``SWEEPS_DIR`` is an ``e2e.tiny_pa
 ``ddtree<budget>...+adaptive``), from ``e2e/h200_adaptive.sh PARTS=interleaved``, whose levels
 alternate between the servers, or from runs of one server after another; several folders when
 the servers ran in several calls (session 32: four servers one after another outran one call), or
-when the same servers ran again: their passes are pooled, run after run (``load_runs``). A server
-that starts first has run 4-7 % slower than the same server started later (sessions 35 and 36,
-adaptive against the fixed DDTREE(63) at the same budget, in either direction), so the 5 %
-criterion is read from two runs with the servers in opposite orders.
+when the same servers ran again: their passes are pooled, run after run (``load_runs``). Two
+servers at the same budget have differed by up to 7 % in step time (sessions 35 and 36, adaptive
+against the fixed DDTREE(63)), and in both of session 36's runs the one started first on a fresh
+machine was the slower, so the 5 % criterion is read from two runs with the servers in opposite
+orders.
 
 A concurrency swept P times (``SWEEP_PASSES``) has P levels per server; the k-th level of every
 server at C is pass k. Each ratio is taken within a pass (servers measured seconds apart in an
