@@ -81,7 +81,12 @@ import sglang_spec.plugin.adapter as adapter
 import sglang_spec.plugin.draft_sampler as draft_sampler
 from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
 from sglang_spec.plugin.commit_graphs import CommitGraphs, CommitShape
-from sglang_spec.plugin.config import SYNC_WARNING, load_budget_policy, runtime_config
+from sglang_spec.plugin.config import (
+    SYNC_WARNING,
+    DDTreeConfig,
+    load_budget_policy,
+    runtime_config,
+)
 from sglang_spec.plugin.context_graphs import ContextAppendGraphs, append_context
 from sglang_spec.plugin.simulate import simulated_acceptance
 from sglang_spec.plugin.stage_times import StageTimer
@@ -205,6 +210,11 @@ class DDTreeWorker(DFlashWorkerV2):
         allocates no ``[rows, V]`` buffer, so there is nothing of that size to reserve."""
         return super(DFlashWorkerV2, self).prewarm_sampling()
 
+    def candidate_configs(self) -> list[DDTreeConfig]:
+        """The config of every budget this server may run: its own, or under
+        ``--speculative-adaptive`` each candidate's (the graphs and warm-ups cover them all)."""
+        return [self.config] if self.budgets is None else list(self.budget_configs.values())
+
     def build_context_append(self):
         """The drafter context append (``append_context_stage``): with decode CUDA graphs on a
         GPU, :class:`ContextAppendGraphs` over every candidate verify width (captured in
@@ -214,10 +224,9 @@ class DDTreeWorker(DFlashWorkerV2):
         graph_bs = adapter.decode_cuda_graph_bs() if on_gpu else None
         if not graph_bs:
             return functools.partial(append_context, append)
-        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
         return ContextAppendGraphs(
             append,
-            widths=[c.verify_width for c in configs],
+            widths=[c.verify_width for c in self.candidate_configs()],
             graph_bs=graph_bs,
             feature_size=adapter.target_feature_size(self),
             dtype=self.target_worker.model_runner.dtype,
@@ -309,9 +318,10 @@ class DDTreeWorker(DFlashWorkerV2):
         graph_bs = adapter.decode_cuda_graph_bs()
         if torch.device(self.device).type != "cuda" or not graph_bs:
             return None
-        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
         track = adapter.mamba_tracking()
-        shapes = [CommitShape(c.verify_width, c.max_depth + 1, track) for c in configs]
+        shapes = [
+            CommitShape(c.verify_width, c.max_depth + 1, track) for c in self.candidate_configs()
+        ]
         graphs = CommitGraphs(
             self.commit,
             adapter.commit_batch_maker(self.server_args),
@@ -355,9 +365,12 @@ class DDTreeWorker(DFlashWorkerV2):
         ``horizon + 1`` under simulated acceptance (benchmarks)."""
         if torch.device(self.device).type != "cuda":
             return
-        configs = [self.config] if self.budgets is None else list(self.budget_configs.values())
         shapes = sorted(
-            {(c.verify_width, d) for c in configs for d in (c.max_depth + 1, c.horizon + 1)}
+            {
+                (c.verify_width, d)
+                for c in self.candidate_configs()
+                for d in (c.max_depth + 1, c.horizon + 1)
+            }
         )
         max_bs = adapter.max_running_requests(self) or max(adapter.decode_cuda_graph_bs() or [1])
         adapter.warm_accept_compaction(shapes, max_bs, self.device)
