@@ -42,22 +42,13 @@ SLOTS, REQS, KV_ROWS, D = 12, 8, 64, 5
 
 
 def gdn_pool():
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from gdn_tree_commit_cases import gdn_params
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
-    shape = Mamba2StateShape.create(
-        tp_world_size=1,
-        intermediate_size=HV * V,
-        n_groups=HK,
-        num_heads=HV,
-        head_dim=V,
-        state_size=K,
-        conv_kernel=4,
-    )
     return MambaPool(
         size=SLOTS,
         spec_state_size=BS + 1,
-        cache_params=Mamba2CacheParams(shape=shape, layers=list(range(LAYERS))),
+        cache_params=gdn_params(layers=LAYERS, hk=HK, hv=HV, k=K, v=V),
         mamba_layer_ids=list(range(LAYERS)),
         device="cpu",
         speculative_num_draft_tokens=N,
