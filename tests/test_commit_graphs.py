@@ -10,7 +10,6 @@ without CUDA. The GPU check is the tiny pair's greedy = AR on real SGLang (e2e.t
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -210,7 +209,7 @@ def test_an_eager_commit_after_capture_is_logged_once_per_shape_and_batch_size(c
     assert "at batch size 3" in lines[1]
 
 
-def test_capture_runs_on_harmless_inputs_set_outside_the_graph(monkeypatch):
+def test_capture_runs_on_harmless_inputs_set_outside_the_graph(fake_capture):
     """Every warm-up and capture commits only the root of request row 0 at KV slot 0 with no
     track slot, and the inputs are set before the warm-ups, never inside a capture (a graph
     that recorded them would reset every step's inputs on replay); widest first, one graph per
@@ -220,33 +219,14 @@ def test_capture_runs_on_harmless_inputs_set_outside_the_graph(monkeypatch):
     graphs = _graphs(pools, shapes=((8, 4, True), (16, 5, True)), max_bs=2, calls=calls)
     graphs.accept_lens.fill_(7)  # a previous step's inputs must not leak into the capture
     graphs.req_pool_indices.fill_(9)
-    inside = []
     fill = graphs._fill_harmless
 
     def watched_fill(shape, bs):
-        assert not inside, "static inputs set inside a capture"
+        assert not fake_capture.capturing, "static inputs set inside a capture"
         fill(shape, bs)
 
     graphs._fill_harmless = watched_fill
-
-    class FakeGraph:
-        pass
-
-    @contextlib.contextmanager
-    def fake_graph(graph, pool, stream):
-        assert isinstance(graph, FakeGraph) and (pool, stream) == ("pool", "stream")
-        inside.append(True)
-        yield
-        inside.pop()
-
-    @contextlib.contextmanager
-    def scope():
-        yield "stream", "pool"
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    graphs.capture(scope)
+    graphs.capture(fake_capture.scope)
     s16, s8 = cm.CommitShape(16, 5, True), cm.CommitShape(8, 4, True)
     assert list(graphs.graphs) == [(s16, 2), (s16, 1), (s8, 2), (s8, 1)]
     assert [c["accept_index"].shape for c in calls] == [(2, 5)] * 3 + [(1, 5)] * 3 + [

@@ -9,7 +9,6 @@ stubbed. The GPU check is the tiny pair's greedy = AR on real SGLang (e2e.tiny_p
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -109,41 +108,19 @@ def test_a_replay_copies_the_step_in_and_pads_with_commit_length_zero():
     assert graphs(hidden, loc, prefix, commit) is False and len(rec.calls) == 3
 
 
-def test_capture_goes_widest_and_largest_first_and_never_commits(monkeypatch):
+def test_capture_goes_widest_and_largest_first_and_never_commits(fake_capture):
     """Every warm-up and capture run sees commit lengths 0 (nothing reaches the pool at
     start-up), under the scope's stream and pool, one graph per (width, batch size)."""
     rec = Recorder()
     graphs = _graphs(rec, widths=(8, 4), graph_bs=(2, 1))
     graphs.commit_lens.fill_(3)
-    captured = []
-
-    class FakeGraph:
-        pass
-
-    @contextlib.contextmanager
-    def fake_graph(graph, pool, stream):
-        assert isinstance(graph, FakeGraph)
-        captured.append((len(rec.calls), pool, stream))
-        yield
-
-    @contextlib.contextmanager
-    def scope():
-        yield "stream", "pool"
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    graphs.capture(scope)
+    fake_capture.on_capture = lambda: len(rec.calls)  # the runs before each capture
+    graphs.capture(fake_capture.scope)
     assert list(graphs.graphs) == [(8, 2), (8, 1), (4, 2), (4, 1)]
     sizes = [tuple(c["cache_loc_2d"].shape) for c in rec.calls]
     assert sizes == [(2, 8)] * 3 + [(1, 8)] * 3 + [(2, 4)] * 3 + [(1, 4)] * 3  # 2 warm-ups each
     assert all(c["commit_lens"].abs().sum() == 0 for c in rec.calls)
-    assert [(n, p, s) for n, p, s in captured] == [
-        (2, "pool", "stream"),
-        (5, "pool", "stream"),
-        (8, "pool", "stream"),
-        (11, "pool", "stream"),
-    ]
+    assert fake_capture.captures == [2, 5, 8, 11]  # under the scope's pool and stream (FakeCapture)
 
 
 def test_bad_sizes_are_refused():
