@@ -503,6 +503,28 @@ def cpu_blocks(n: int, sysfs: Path = SYSFS_CPU) -> list[frozenset[int]]:
 SCHEDULER_TITLE = "sglang::scheduler"  # what SGLang's scheduler sets as its title (setproctitle)
 
 
+def group_titles(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+    """{pid: title (argv[0], which setproctitle sets)} of group ``pgid``'s live processes."""
+    titles = {}
+    for pid in group_pids(pgid, proc):
+        try:
+            titles[pid] = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+    return titles
+
+
+def _scheduler_in(titles: dict[int, str]) -> int | None:
+    return next((p for p, t in sorted(titles.items()) if t.startswith(SCHEDULER_TITLE)), None)
+
+
+def scheduler_pid(pgid: int, proc: Path = Path("/proc")) -> int | None:
+    """The pid of server group ``pgid``'s scheduler process (titled ``sglang::scheduler``; the
+    lowest pid, TP rank 0's, when there are several), whose main thread runs the decode loop;
+    None when the group has none."""
+    return _scheduler_in(group_titles(pgid, proc))
+
+
 def pin_scheduler(
     pgid: int, cpus: frozenset[int], sysfs: Path = SYSFS_CPU, proc: Path = Path("/proc")
 ) -> int | None:
@@ -516,13 +538,8 @@ def pin_scheduler(
     if len(cores) < 2:
         return None
     own, rest = cores[0], frozenset().union(*cores[1:])
-    titles = {}
-    for pid in group_pids(pgid, proc):
-        try:
-            titles[pid] = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode()
-        except (OSError, UnicodeDecodeError):
-            continue
-    scheduler = next((p for p, t in titles.items() if t.startswith(SCHEDULER_TITLE)), None)
+    titles = group_titles(pgid, proc)
+    scheduler = _scheduler_in(titles)
     if scheduler is None:
         return None
     for pid in titles:
@@ -563,7 +580,8 @@ class Server:
         self.url = f"http://{HOST}:{port}"
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
-        self.scheduler_pid: int | None = None  # pinned to its own core (pin_scheduler)
+        self.scheduler_pid: int | None = None  # its decode loop's process (scheduler_pid)
+        self.scheduler_pinned = False  # on a core of its own (pin_scheduler)
 
     def __enter__(self) -> Server:
         self.start()
@@ -594,8 +612,10 @@ class Server:
                 if health_ok(self.url + "/health", timeout=60):
                     self._check_listener_is_ours()
                     self.start_s = round(time.monotonic() - t0, 1)
+                    self.scheduler_pid = scheduler_pid(self.proc.pid)
                     if self.cpus is not None:
-                        self.scheduler_pid = pin_scheduler(self.proc.pid, self.cpus)
+                        pinned = pin_scheduler(self.proc.pid, self.cpus)
+                        self.scheduler_pinned = pinned is not None
                     return self.start_s
                 time.sleep(0.5)
         except BaseException:

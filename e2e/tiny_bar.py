@@ -29,6 +29,13 @@ the launch-bound tiny pair a miss from the step rate is host time, one from toke
 budget choice. (Session 25's sweeps, read this way: at C = 1 DDTREE(63)'s chunk gap was 7.4 ms,
 DFLASH's 5.2 and AR's 2.3; 1.19x DFLASH's tokens per step at 0.66x its step rate.)
 
+Why a step took what it took: where the levels carry host counters (``loadtests.sweep
+--watch-pid``, which ``e2e.tiny_pair`` passes since session 37), a third table gives, pass by
+pass, each server's chunk gap beside its decode loop's time on a CPU and waiting for one, and the
+host's steal share. Session 37 saw the DDTREE step at C = 1 at 4.2-4.4 or 6.0-6.5 ms by pass and
+server, with the same tokens a step: more CPU time for the same work says a slower CPU, more
+waiting says contention, steal says the hypervisor.
+
 A pass in which some server's level did not complete (0 tokens/s or ``interrupted``: a pass cut by
 a time-out) is left out at that C (``skipped_passes``).
 
@@ -173,6 +180,9 @@ def verdict(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
         steps = [{s: step_values(lv[s], s == ar) for s in servers} for lv in passes]
         if all(v is not None for st in steps for v in st.values()):
             row["steps"] = _steps(steps, servers, adaptive, dflash, per_pass)
+        host = {s: [host_values(lv[s]) for lv in passes] for s in servers}
+        if all(v is not None for per in host.values() for v in per):
+            row["host"] = host
         rows.append(row)
     return rows
 
@@ -184,6 +194,22 @@ def step_values(level: dict, ar: bool) -> tuple[float, float] | None:
     if tau is None and ar:
         tau = 1.0
     return (float(tau), float(gap)) if tau and gap else None
+
+
+def host_values(level: dict) -> dict | None:
+    """A level's step as its scheduler spent it (``loadtests.host_counters``, recorded with
+    ``--watch-pid``): the median chunk gap (ms), the decode loop's time on a CPU and waiting for
+    one, per chunk gap (its shares of the level's wall time times the gap), and the host's steal
+    share (%); None without those counters."""
+    host, gap = level.get("host") or {}, level.get("median_chunk_gap_ms")
+    if host.get("on_cpu_pct") is None or host.get("steal_pct") is None or not gap:
+        return None
+    return {
+        "chunk_gap_ms": float(gap),
+        "cpu_ms": host["on_cpu_pct"] / 100.0 * float(gap),
+        "runq_ms": host["run_delay_pct"] / 100.0 * float(gap),
+        "steal_pct": host["steal_pct"],
+    }
 
 
 def _steps(steps: list[dict], servers, adaptive: str, dflash: str, per_pass) -> dict:
@@ -222,6 +248,7 @@ def markdown(rows: list[dict]) -> str:
             cells.append(f"{q['median']:.3f} ({q['low']:.2f}-{q['high']:.2f}){mark}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += _steps_markdown(rows, servers)
+    lines += _host_markdown(rows, servers)
     missed = [r["concurrency"] for r in rows if not r["met"]]
     lines.append("")
     lines.append(
@@ -232,19 +259,20 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _captioned_head(caption: str, head: list[str]) -> list[str]:
+    """A further table's first lines: a blank line, its caption, a blank line, its header."""
+    return ["", caption, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
 def _steps_markdown(rows: list[dict], servers: list[str]) -> list[str]:
     if not any("steps" in r for r in rows):
         return []
-    head = ["C", *servers, "adaptive / DFLASH", "adaptive / best fixed"]
-    lines = [
-        "",
+    lines = _captioned_head(
         "Tokens per verify step / median chunk gap (ms), medians of the passes; the adaptive "
         "server's ratios as (tokens per step) x (step rate: the other's chunk gap over its own), "
         "prefills left out:",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+        ["C", *servers, "adaptive / DFLASH", "adaptive / best fixed"],
+    )
     for r in rows:
         if "steps" not in r:
             continue
@@ -257,6 +285,32 @@ def _steps_markdown(rows: list[dict], servers: list[str]) -> list[str]:
             q = st[key]
             cells.append(f"{q['tokens_per_step']:.3f} x {q['step_rate']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _host_markdown(rows: list[dict], servers: list[str]) -> list[str]:
+    if not any("host" in r for r in rows):
+        return []
+    passes = max(r["passes"] for r in rows if "host" in r)
+    head = ["server", "C", *(f"pass {k + 1}" for k in range(passes))]
+    lines = _captioned_head(
+        "Each pass's median chunk gap (ms) and, within it, the decode loop's time on a CPU and "
+        "waiting for one (ms, from its shares of the level's wall time), and the host's steal "
+        "share (loadtests/host_counters.py):",
+        head,
+    )
+    for s in servers:
+        for r in rows:
+            if "host" not in r:
+                continue
+            cells = [s, str(r["concurrency"])]
+            for h in r["host"][s]:
+                cells.append(
+                    f"{h['chunk_gap_ms']:.2f} (cpu {h['cpu_ms']:.2f}, runq {h['runq_ms']:.2f}; "
+                    f"steal {h['steal_pct']:.1f} %)"
+                )
+            cells += [""] * (len(head) - len(cells))
+            lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

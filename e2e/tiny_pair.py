@@ -302,7 +302,7 @@ def _pinned(srv: kit.Server) -> dict:
     scheduler got a core of its own (``scheduler_pinned``, kit.pin_scheduler); else nothing."""
     if srv.cpus is None:
         return {}
-    return {"cpus": sorted(srv.cpus), "scheduler_pinned": srv.scheduler_pid is not None}
+    return {"cpus": sorted(srv.cpus), "scheduler_pinned": srv.scheduler_pinned}
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
@@ -391,12 +391,16 @@ def profile(srv: kit.Server, label: str, prompts: list[str], c: int, args) -> di
 
 def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
     """Closed-loop load test (loadtests/), one JSONL per server under ``<out>/sweeps``; several
-    servers: one sweep with their levels interleaved."""
+    servers: one sweep with their levels interleaved. Each level records the host's counters and
+    those of its server's decode loop (``--watch-pid``, loadtests/host_counters.py) when every
+    server's scheduler was found."""
     os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
+    watch = all(srv.scheduler_pid is not None for _, srv in servers)
     each = []
     for label, srv in servers:
         each += ["--base-url", srv.url, "--label", label, "--output"]
         each.append(os.path.join(args.out, "sweeps", f"{_slug(label)}.jsonl"))
+        each += ["--watch-pid", str(srv.scheduler_pid)] if watch else []
     subprocess.run(
         [
             sys.executable,

@@ -9,7 +9,10 @@ then C workers each keep exactly one request in flight until the level's request
 ``GET /server_info`` for the level's acceptance. One JSON line per level is appended to ``--output``
 as soon as the level ends, with bench_serving's field names (``max_concurrency``,
 ``output_throughput``, ``median_ttft_ms``, ``p99_itl_ms``, ``accept_length``, ``input_lens``,
-``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py).
+``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py), and
+the level's ``host`` counters (loadtests/host_counters.py: the host's steal and busy shares and,
+with ``--watch-pid`` -- the server's scheduler, once per ``--base-url`` -- its decode loop's time on
+a CPU and waiting for one, context switches and migrations).
 
 Several servers in one run (``--base-url`` once per server, ``--label`` / ``--output`` once per
 server or not at all): their levels are interleaved -- at each concurrency every server runs its
@@ -45,6 +48,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from loadtests import host_counters
 from loadtests.client import BACKEND_NAMES, CHAT, GENERATE, RequestSpec, send_request
 from loadtests.metrics import summarize
 from loadtests.prompts import PromptError, load_prompts
@@ -334,6 +338,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="JSONL to append to (default: loadtest_results/<label>-<time>.jsonl); once per "
         "--base-url",
     )
+    p.add_argument(
+        "--watch-pid",
+        type=positive_int,
+        action="append",
+        default=None,
+        help="a process on this host whose main thread's counters each level records in its "
+        "'host' (loadtests/host_counters.py: the server's scheduler); once per --base-url",
+    )
     p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --base-url")
@@ -569,11 +581,12 @@ async def run_level(
 @dataclass
 class Target:
     """One server of a sweep: its config (``base_url``), the fields each of its records carries,
-    and the JSONL its levels are appended to."""
+    the JSONL its levels are appended to, and the process whose counters they record."""
 
     cfg: SweepConfig
     meta: dict
     output: Path
+    watch_pid: int | None = None  # its records' host counters follow this process (--watch-pid)
 
 
 def interleaved(targets: list, level: int) -> list:
@@ -628,7 +641,9 @@ async def _run_recorded_level(
             "[sweep] /flush_cache failed; this level's server accept length includes earlier requests",
             file=sys.stderr,
         )
+    before = host_counters.snapshot(t.watch_pid)
     level = await run_level(s, cfg, c, prompts, stop)
+    host = host_counters.delta(before, host_counters.snapshot(t.watch_pid))
     info = await get_json(s, cfg.base_url + "/server_info")
     summary = summarize(level["results"], level["duration"])
     rec = {
@@ -641,6 +656,7 @@ async def _run_recorded_level(
         "flush_ok": flushed,
         "interrupted": level["interrupted"],
         "cancelled": level["cancelled"],
+        "host": host,
         "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
     }
     if cfg.keep_text:
@@ -717,7 +733,7 @@ async def _target(
         f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
         file=sys.stderr,
     )
-    return Target(cfg, meta, output)
+    return Target(cfg, meta, output, args.watch_pid[i] if args.watch_pid else None)
 
 
 async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:
@@ -767,7 +783,11 @@ def run(args: argparse.Namespace) -> int:
     urls = _base_urls(args)
     if len(set(urls)) < len(urls):
         return usage_error(PROG, "--base-url", " ".join(args.base_url), "each server once")
-    for flag, given in (("--label", args.label), ("--output", args.output)):
+    for flag, given in (
+        ("--label", args.label),
+        ("--output", args.output),
+        ("--watch-pid", args.watch_pid),
+    ):
         if given is not None and len(given) != len(urls):
             return usage_error(
                 PROG, flag, " ".join(map(str, given)), f"one per --base-url ({len(urls)})"

@@ -4,7 +4,8 @@ It serves what the harnesses read from a real server -- the scheduler's capacity
 lines, ``/health``, ``/flush_cache``, ``/server_info``, batched and single ``/generate`` (ids or
 text) with SGLang's ``meta_info`` counts, ``/start_profile`` writing a Kineto-like decode trace, and
 the DDTREE per-stage file when ``SGLANG_DDTREE_STAGE_TIMES`` is set -- and appends its argv and the
-environment it was given to ``$FAKE_CALLS`` (one JSON line per start). Streaming ``/generate``
+environment it was given to ``$FAKE_CALLS`` (one JSON line per start), and starts an idle child titled
+``sglang::scheduler_TP0``, as SGLang's scheduler process is (its pid in that line). Streaming ``/generate``
 (one chunk per step, SGLang's ``data:`` lines), ``/abort_request`` and, with ``--enable-metrics``,
 ``/metrics`` with the KV and mamba pool gauges serve the no-slots-lost check (``e2e/slots.py``): a
 stream holds its prompt + output tokens and one mamba slot; a finished one leaves its tokens and slot
@@ -27,6 +28,7 @@ import http.server
 import json
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -243,10 +245,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def start_scheduler() -> subprocess.Popen:
+    """A process titled as SGLang's scheduler (argv[0], what setproctitle sets) in this server's
+    process group, idle until this server is gone: what the harness finds to pin and to watch."""
+    code = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent: time.sleep(0.2)"
+    return subprocess.Popen(["sglang::scheduler_TP0", "-c", code], executable=sys.executable)
+
+
 if __name__ == "__main__":
+    SCHEDULER = start_scheduler()
     with open(os.environ["FAKE_CALLS"], "a") as f:
         seen = {k: os.environ[k] for k in ENV_SEEN if k in os.environ}
-        record = {"argv": argv, "env": seen, "pid": os.getpid()}
+        record = {"argv": argv, "env": seen, "pid": os.getpid(), "scheduler_pid": SCHEDULER.pid}
         f.write(json.dumps({**record, "cpus": sorted(os.sched_getaffinity(0))}) + "\n")
     if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
         print("RuntimeError: CUDA out of memory", flush=True)

@@ -811,6 +811,8 @@ def test_pin_scheduler_gives_the_schedulers_threads_a_core_of_their_own(tmp_path
     # the harness runs on a block of its own (tiny_pair --pin-cpus; session 32's device run found
     # no core when the server's block was read through the harness's affinity)
     monkeypatch.setattr(kit.os, "sched_getaffinity", lambda _pid: {0, 4})
+    assert kit.scheduler_pid(100, proc) == 101  # not the zombie 103, not group 200's
+    assert kit.scheduler_pid(200, proc) == 200 and kit.scheduler_pid(300, proc) is None
     assert kit.pin_scheduler(100, block, sysfs, proc) == 101
     assert moved == {
         101: {1, 5}, 107: {1, 5}, 108: {1, 5},  # the scheduler: the block's first core

@@ -189,3 +189,49 @@ def test_the_ratios_split_into_tokens_per_step_and_step_rate(tmp_path, capsys):
     _write(d, "dflash+graphs", [(1, 1000), (1, 900)])
     tiny_bar.main([str(d)])
     assert "Tokens per verify step" not in capsys.readouterr().out
+
+
+def test_host_counters_show_each_pass_as_its_scheduler_spent_it(tmp_path, capsys):
+    """With every level's host counters (loadtests.sweep --watch-pid): per server and pass, the
+    chunk gap beside the decode loop's CPU and run-queue time within it (its shares of the
+    level's wall time times the gap) and the host's steal share, passes in order; one server
+    without them: no such table (what is there cannot be compared)."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+
+    def write(label, passes):  # passes: (tokens/s, chunk gap, on-CPU %, run-delay %, steal %)
+        rows = [
+            {"label": label, "max_concurrency": 1, "output_throughput": t,
+             "tokens_per_step": 9.0, "median_chunk_gap_ms": gap,
+             "host": {"on_cpu_pct": cpu, "run_delay_pct": rq, "steal_pct": st, "wall_s": 5.0}}
+            for t, gap, cpu, rq, st in passes
+        ]  # fmt: skip
+        (d / (label.replace("+", "_") + ".jsonl")).write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+
+    write("ar+graphs", [(400, 2.0, 90, 0, 0), (300, 3.0, 90, 0, 0)])
+    write("dflash+graphs", [(1000, 5.0, 80, 1, 0), (900, 6.0, 80, 1, 0)])
+    write("ddtree63+graphs", [(1100, 4.0, 75, 0, 0.5), (700, 6.0, 95, 2, 0.5)])
+    write(ADAPTIVE, [(1100, 8.0, 50, 10, 2.0), (800, 4.0, 100, 0, 0.0)])
+    out = tmp_path / "bar.json"
+    tiny_bar.main([str(d), "--json", str(out)])
+    host = json.loads(out.read_text())[0]["host"]
+    assert host[ADAPTIVE] == [
+        {"chunk_gap_ms": 8.0, "cpu_ms": 4.0, "runq_ms": 0.8, "steal_pct": 2.0},
+        {"chunk_gap_ms": 4.0, "cpu_ms": 4.0, "runq_ms": 0.0, "steal_pct": 0.0},
+    ]
+    assert host["ddtree63+graphs"][1]["cpu_ms"] == pytest.approx(5.7)
+    text = capsys.readouterr().out
+    assert (
+        f"| {ADAPTIVE} | 1 | 8.00 (cpu 4.00, runq 0.80; steal 2.0 %) "
+        "| 4.00 (cpu 4.00, runq 0.00; steal 0.0 %) |"
+    ) in text
+    assert "| ddtree63+graphs | 1 | 4.00 (cpu 3.00, runq 0.00; steal 0.5 %) |" in text
+    lines = [ln for ln in (d / "ar_graphs.jsonl").read_text().splitlines()]
+    bare = [json.loads(ln) for ln in lines]
+    bare[1].pop("host")
+    (d / "ar_graphs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bare))
+    tiny_bar.main([str(d), "--json", str(out)])
+    assert "host" not in json.loads(out.read_text())[0]
+    assert "decode loop's time on a CPU" not in capsys.readouterr().out

@@ -348,6 +348,8 @@ def test_interleave_keeps_every_server_up_and_runs_one_sweep_over_all_of_them(
         levels = [json.loads(ln) for ln in (sweeps / f"{name}.jsonl").read_text().splitlines()]
         assert [lv["max_concurrency"] for lv in levels] == [1, 2], name
         assert all(lv["interleaved_with"] == others for lv in levels), name
+        # the counters of each server's own (idle) scheduler, not the harness's or the sweep's
+        assert all(lv["host"]["on_cpu_pct"] < 20 for lv in levels), name
     assert len({c["pid"] for c in calls}) == 3
 
     (tmp_path / "crash").mkdir()
@@ -479,6 +481,9 @@ def test_sweep_levels_take_the_requests_per_concurrency_given(tmp_path, monkeypa
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1]
 
+    started = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    # each level records its server's decode loop (loadtests.host_counters): the fake's scheduler
+    assert [flag(c, "--watch-pid") for c in sweeps] == [str(r["scheduler_pid"]) for r in started]
     assert [flag(c, "--requests-per-concurrency") for c in sweeps] == ["12", "4"]
     assert [flag(c, "--min-requests") for c in sweeps] == ["24", "8"]
     assert [flag(c, "--max-new-tokens") for c in sweeps] == ["512", "128"]

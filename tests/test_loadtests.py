@@ -635,6 +635,45 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     assert all("interleaved_with" not in r for r in _levels_of_one_server(tmp_path, pf))
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads this machine's /proc")
+def test_each_servers_levels_record_the_host_and_its_watched_threads_counters(tmp_path):
+    """--watch-pid, once per --base-url: each level's "host" holds the host's CPU shares and the
+    counters of that server's watched thread (loadtests.host_counters) -- here a spinning process
+    for one server and a sleeping one for the other, so a swapped or shared pid shows. Without
+    --watch-pid the host's shares are still recorded and the thread's are None."""
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 60: pass"
+    children = [
+        subprocess.Popen([sys.executable, "-c", code])
+        for code in (spin, "import time; time.sleep(60)")
+    ]
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    try:
+        with (
+            serve_in_thread(KPerStep(1, step_s=0.02), model_name="m") as a,
+            serve_in_thread(KPerStep(2, step_s=0.02), model_name="m") as b,
+        ):
+            rc = sweep.main(
+                ["--base-url", a.url, "--base-url", b.url, "--label", "A", "--label", "B"]
+                + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(pf)]
+                + ["--watch-pid", str(children[0].pid), "--watch-pid", str(children[1].pid)]
+                + ["--no-progress", "--concurrency", "1,2", "--num-requests", "2"]
+                + ["--max-new-tokens", "8", "--api", "generate", "--warmup", "0"]
+            )
+            assert rc == 0
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+    spun, slept = ([r["host"] for r in _levels(o)] for o in outs)
+    assert len(spun) == len(slept) == 2
+    assert all(h["on_cpu_pct"] > 40 and h["last_cpu"] is not None for h in spun), spun
+    assert all(h["on_cpu_pct"] < 5 for h in slept), slept
+    assert all(0 <= h["steal_pct"] <= 100 and h["wall_s"] > 0 for h in spun + slept)
+    unwatched = [lv["host"] for lv in _levels_of_one_server(tmp_path, pf)]
+    assert all(h["on_cpu_pct"] is None and h["steal_pct"] is not None for h in unwatched)
+
+
 def _levels_of_one_server(tmp_path, pf) -> list[dict]:
     out = tmp_path / "one.jsonl"
     with serve_in_thread(KPerStep(2), model_name="m") as srv:
@@ -649,6 +688,7 @@ def _levels_of_one_server(tmp_path, pf) -> list[dict]:
         (["--output", "x.jsonl"], "argument --output: got 'x.jsonl'; valid: one per --base-url"),
         (["--algorithm", "AR"], "argument --algorithm: got 'AR'; valid: none with several"),
         (["--server-config", "c"], "argument --server-config: got 'c'; valid: none with several"),
+        (["--watch-pid", "7"], "argument --watch-pid: got '7'; valid: one per --base-url (2)"),
     ],
 )
 def test_several_servers_need_a_label_and_an_output_each_and_no_shared_algorithm(
