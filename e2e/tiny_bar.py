@@ -6,8 +6,9 @@ within 5 % of the best fixed DDTREE budget's. ``SWEEPS_DIR`` is an ``e2e.tiny_pa
 ``tiny_pair`` names them: ``ar...``, ``dflash...``, ``ddtree<budget>...`` and one
 ``ddtree<budget>...+adaptive``), from ``e2e/h200_adaptive.sh PARTS=interleaved``, whose levels
 alternate between the servers, or from runs of one server after another; several folders when
-the servers ran in several calls (session 32: four servers one after another outran one call), or
-when the same servers ran again: their passes are pooled, run after run (``load_runs``). Two
+the servers ran in several calls (session 32: four servers one after another outran one call;
+``CALL1,CALL2`` names one run's folders), or when the same servers ran again: their passes are
+pooled, run after run (``load_runs``). Two
 servers at the same budget have differed by up to 7 % in step time (sessions 35 and 36, adaptive
 against the fixed DDTREE(63)), and in both of session 36's runs the one started first on a fresh
 machine was the slower, so the 5 % criterion is read from two runs with the servers in opposite
@@ -49,6 +50,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from e2e import kit
@@ -58,16 +60,36 @@ NEAR_BEST = 0.95  # the bar: within 5 % of the best fixed budget
 STEP_FIELDS = ("tokens_per_step", "median_chunk_gap_ms")  # the second table's, when recorded
 
 
-def load_runs(*folders: Path) -> dict[str, dict[int, list[dict]]]:
-    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in ``folders``: either
-    each server in one folder (the servers of a bar split over calls), or every folder with the
-    same servers (repeated runs, say one call's servers started in the reverse order of the other's:
-    each run's passes follow the previous run's, so the k-th pass of every server is from one run).
-    One file a server in a folder."""
-    runs: dict[str, dict[int, list[dict]]] = {}
-    held: list[set[str]] = []  # each folder's servers
+def load_runs(*runs: Sequence[Path]) -> dict[str, dict[int, list[dict]]]:
+    """{server label: {C: [level record of pass 1, 2, ...]}} from every JSONL in the folders of
+    ``runs``, each run the ``sweeps/`` folders of its calls (``RUN_A,RUN_B`` on the command line:
+    its servers split over calls, each in one folder). Several runs: either the same servers in
+    every run (repeated runs, say one run's servers started in the reverse order of the other's:
+    each run's passes follow the previous run's, so the k-th pass of every server is from one run),
+    or one folder a run and each server in one of them (a bar split over calls, named one by
+    one)."""
+    loaded = [_load_run(folders) for folders in runs]
+    held = [set(run) for run in loaded]
+    split = all(len(f) == 1 for f in runs) and sum(map(len, held)) == len(set().union(*held))
+    if not split and any(h != held[0] for h in held):
+        raise kit.HarnessError(
+            f"runs {' '.join(','.join(map(str, f)) for f in runs)} hold servers "
+            f"{' / '.join(str(sorted(h)) for h in held)}; valid: each server in one folder (a bar "
+            "split over calls; one run's folders may be joined by commas) or the same servers in "
+            "every run (repeated runs)"
+        )
+    pooled: dict[str, dict[int, list[dict]]] = {}
+    for run in loaded:  # run after run
+        for label, by_c in run.items():
+            for c, levels in by_c.items():
+                pooled.setdefault(label, {}).setdefault(c, []).extend(levels)
+    return pooled
+
+
+def _load_run(folders: Sequence[Path]) -> dict[str, dict[int, list[dict]]]:
+    """One run: its servers' levels from ``folders``, one file a server in all of them."""
+    run: dict[str, dict[int, list[dict]]] = {}
     for folder in folders:
-        held.append(set())
         for path in sorted(folder.glob("*.jsonl")):  # the servers' order: by file name
             levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
             labels = {lv.get("label") for lv in levels}
@@ -76,20 +98,13 @@ def load_runs(*folders: Path) -> dict[str, dict[int, list[dict]]]:
                     f"{path}: levels of {sorted(map(str, labels))}; valid: one server"
                 )
             label = labels.pop()
-            if label in held[-1]:
-                raise kit.HarnessError(f"{path}: a second file of server {label!r} in {folder}")
-            held[-1].add(label)
-            by_c = runs.setdefault(label, {})
+            if label in run:
+                where = ",".join(map(str, folders))
+                raise kit.HarnessError(f"{path}: a second file of server {label!r} in {where}")
+            by_c = run[label] = {}
             for lv in levels:
                 by_c.setdefault(int(lv["max_concurrency"]), []).append(lv)
-    repeated = sum(map(len, held)) > len(runs)
-    if repeated and any(h != held[0] for h in held):
-        raise kit.HarnessError(
-            f"folders {' '.join(map(str, folders))} hold servers "
-            f"{' / '.join(str(sorted(h)) for h in held)}; valid: each server in one folder (a bar "
-            "split over calls) or the same servers in every folder (repeated runs)"
-        )
-    return runs
+    return run
 
 
 def roles(labels: list[str]) -> tuple[str, str, str, list[str]]:
@@ -318,20 +333,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.tiny_bar", description=__doc__.splitlines()[0])
     ap.add_argument(
         "sweeps",
-        type=Path,
+        type=lambda text: tuple(Path(p) for p in text.split(",")),
         nargs="+",
-        help="e2e.tiny_pair runs' sweeps/ folders (several: a bar whose servers ran in several "
-        "calls, each server in one, or repeated runs of the same servers, passes pooled)",
+        help="e2e.tiny_pair runs' sweeps/ folders, a run's calls joined by commas (CALL1,CALL2: "
+        "its servers split over them); several runs of the same servers: their passes pooled",
     )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     try:
-        for folder in args.sweeps:
+        folders = [folder for run in args.sweeps for folder in run]
+        for folder in folders:
             if not folder.is_dir():
                 raise kit.HarnessError(f"{folder}: no such folder (an e2e.tiny_pair --out/sweeps)")
         runs = load_runs(*args.sweeps)
         if not runs:
-            raise kit.HarnessError(f"{' '.join(map(str, args.sweeps))}: no sweep JSONL files")
+            raise kit.HarnessError(f"{' '.join(map(str, folders))}: no sweep JSONL files")
         rows = verdict(runs)
     except (kit.HarnessError, KeyError, ValueError) as e:
         print(f"python -m e2e.tiny_bar: {e}", file=sys.stderr)

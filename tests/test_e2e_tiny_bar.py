@@ -97,7 +97,35 @@ def test_repeated_runs_pool_their_passes_run_after_run(tmp_path, capsys):
     (two / "dflash_graphs.jsonl").unlink()
     assert tiny_bar.main([str(one), str(two)]) == 2
     err = capsys.readouterr().err
-    assert "valid: each server in one folder (a bar split over calls) or the same" in err
+    assert "valid: each server in one folder (a bar split over calls; one run's folders" in err
+
+
+def test_a_runs_calls_joined_by_commas_pool_with_another_run(tmp_path, capsys):
+    """Two runs, each split over two calls (``A1,A2 B1,B2``, session 37): the verdict of the two
+    runs each in one folder; a server in both calls of one run is refused, naming them."""
+    one = _run(tmp_path, [(1, 1080), (2, 2300), (1, 720), (2, 1533)])
+    two = tmp_path / "run2"
+    two.mkdir()
+    for f in one.glob("*.jsonl"):
+        (two / f.name).write_text(f.read_text())
+    _write(two, ADAPTIVE, [(1, 1260), (2, 2300), (1, 840), (2, 1533)])
+    whole = tmp_path / "whole.json"
+    assert tiny_bar.main([str(one), str(two), "--json", str(whole)]) == 0
+    calls = []
+    for run in (one, two):
+        later = tmp_path / f"{run.name}-call2"
+        later.mkdir()
+        for name in ("ar_graphs.jsonl", "ddtree63_graphs_adaptive.jsonl"):
+            (run / name).rename(later / name)
+        calls.append(f"{run},{later}")
+    split = tmp_path / "split.json"
+    assert tiny_bar.main([*calls, "--json", str(split)]) == 0
+    assert json.loads(split.read_text()) == json.loads(whole.read_text())
+    (one / "ar_graphs.jsonl").write_text(
+        (tmp_path / "sweeps-call2" / "ar_graphs.jsonl").read_text()
+    )
+    assert tiny_bar.main(calls) == 2
+    assert f"a second file of server 'ar+graphs' in {calls[0]}" in capsys.readouterr().err
 
 
 def test_a_miss_is_named_with_its_concurrency(tmp_path, capsys):
