@@ -33,9 +33,9 @@ DFLASH's 5.2 and AR's 2.3; 1.19x DFLASH's tokens per step at 0.66x its step rate
 Why a step took what it took: where the levels carry host counters (``loadtests.sweep
 --watch-pid``, which ``e2e.tiny_pair`` passes since session 37), a third table gives, pass by
 pass, each server's chunk gap beside its decode loop's time on a CPU and waiting for one, and the
-host's steal share. Session 37 saw the DDTREE step at C = 1 at 4.2-4.4 or 6.0-6.5 ms by pass and
+host's steal share, and the GPU's SM clock. Session 37 saw the DDTREE step at C = 1 at 4.2-4.4 or 6.0-6.5 ms by pass and
 server, with the same tokens a step: more CPU time for the same work says a slower CPU, more
-waiting says contention, steal says the hypervisor.
+waiting says contention, steal says the hypervisor, a lower SM clock a GPU that slowed down.
 
 A pass in which some server's level did not complete (0 tokens/s or ``interrupted``: a pass cut by
 a time-out) is left out at that C (``skipped_passes``).
@@ -214,16 +214,19 @@ def step_values(level: dict, ar: bool) -> tuple[float, float] | None:
 def host_values(level: dict) -> dict | None:
     """A level's step as its scheduler spent it (``loadtests.host_counters``, recorded with
     ``--watch-pid``): the median chunk gap (ms), the decode loop's time on a CPU and waiting for
-    one, per chunk gap (its shares of the level's wall time times the gap), and the host's steal
-    share (%); None without those counters."""
+    one, per chunk gap (its shares of the level's wall time times the gap), the host's steal
+    share (%) and, where NVML read it (``loadtests/gpu_clocks.py``), the GPU's mean SM clock (MHz,
+    else None); None without the host counters."""
     host, gap = level.get("host") or {}, level.get("median_chunk_gap_ms")
     if host.get("on_cpu_pct") is None or host.get("steal_pct") is None or not gap:
         return None
+    gpu = level.get("gpu") or {}
     return {
         "chunk_gap_ms": float(gap),
         "cpu_ms": host["on_cpu_pct"] / 100.0 * float(gap),
         "runq_ms": host["run_delay_pct"] / 100.0 * float(gap),
         "steal_pct": host["steal_pct"],
+        "sm_mhz": gpu.get("sm_mhz_mean"),
     }
 
 
@@ -310,8 +313,9 @@ def _host_markdown(rows: list[dict], servers: list[str]) -> list[str]:
     head = ["server", "C", *(f"pass {k + 1}" for k in range(passes))]
     lines = _captioned_head(
         "Each pass's median chunk gap (ms) and, within it, the decode loop's time on a CPU and "
-        "waiting for one (ms, from its shares of the level's wall time), and the host's steal "
-        "share (loadtests/host_counters.py):",
+        "waiting for one (ms, from its shares of the level's wall time), the host's steal "
+        "share (loadtests/host_counters.py) and the GPU's mean SM clock where NVML read it "
+        "(loadtests/gpu_clocks.py):",
         head,
     )
     for s in servers:
@@ -320,9 +324,10 @@ def _host_markdown(rows: list[dict], servers: list[str]) -> list[str]:
                 continue
             cells = [s, str(r["concurrency"])]
             for h in r["host"][s]:
+                sm = "" if h["sm_mhz"] is None else f"; SM {h['sm_mhz']:.0f} MHz"
                 cells.append(
                     f"{h['chunk_gap_ms']:.2f} (cpu {h['cpu_ms']:.2f}, runq {h['runq_ms']:.2f}; "
-                    f"steal {h['steal_pct']:.1f} %)"
+                    f"steal {h['steal_pct']:.1f} %{sm})"
                 )
             cells += [""] * (len(head) - len(cells))
             lines.append("| " + " | ".join(cells) + " |")

@@ -12,7 +12,8 @@ as soon as the level ends, with bench_serving's field names (``max_concurrency``
 ``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py), and
 the level's ``host`` counters (loadtests/host_counters.py: the host's steal and busy shares and,
 with ``--watch-pid`` -- the server's scheduler, once per ``--base-url`` -- its decode loop's time on
-a CPU and waiting for one, context switches and migrations).
+a CPU and waiting for one, context switches and migrations) and ``gpu`` clocks (loadtests/gpu_clocks.py:
+the SM clock, power and throttle reasons of GPU 0 sampled through the level; None without NVML).
 
 Several servers in one run (``--base-url`` once per server, ``--label`` / ``--output`` once per
 server or not at all): their levels are interleaved -- at each concurrency every server runs its
@@ -42,13 +43,14 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadtests import host_counters
+from loadtests import gpu_clocks, host_counters
 from loadtests.client import BACKEND_NAMES, CHAT, GENERATE, RequestSpec, send_request
 from loadtests.metrics import summarize
 from loadtests.prompts import PromptError, load_prompts
@@ -587,6 +589,7 @@ class Target:
     meta: dict
     output: Path
     watch_pid: int | None = None  # its records' host counters follow this process (--watch-pid)
+    gpu: Callable[[], gpu_clocks.GpuSample] | None = None  # reads its GPU's clocks (NVML)
 
 
 def interleaved(targets: list, level: int) -> list:
@@ -642,7 +645,8 @@ async def _run_recorded_level(
             file=sys.stderr,
         )
     before = host_counters.snapshot(t.watch_pid)
-    level = await run_level(s, cfg, c, prompts, stop)
+    with gpu_clocks.ClockSampler(t.gpu) as clocks:
+        level = await run_level(s, cfg, c, prompts, stop)
     host = host_counters.delta(before, host_counters.snapshot(t.watch_pid))
     info = await get_json(s, cfg.base_url + "/server_info")
     summary = summarize(level["results"], level["duration"])
@@ -657,6 +661,7 @@ async def _run_recorded_level(
         "interrupted": level["interrupted"],
         "cancelled": level["cancelled"],
         "host": host,
+        "gpu": clocks.summary(),
         "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
     }
     if cfg.keep_text:
@@ -733,7 +738,8 @@ async def _target(
         f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
         file=sys.stderr,
     )
-    return Target(cfg, meta, output, args.watch_pid[i] if args.watch_pid else None)
+    watch = args.watch_pid[i] if args.watch_pid else None
+    return Target(cfg, meta, output, watch, gpu_clocks.nvml_reader())
 
 
 async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:

@@ -242,17 +242,21 @@ def test_host_counters_show_each_pass_as_its_scheduler_spent_it(tmp_path, capsys
     write("dflash+graphs", [(1000, 5.0, 80, 1, 0), (900, 6.0, 80, 1, 0)])
     write("ddtree63+graphs", [(1100, 4.0, 75, 0, 0.5), (700, 6.0, 95, 2, 0.5)])
     write(ADAPTIVE, [(1100, 8.0, 50, 10, 2.0), (800, 4.0, 100, 0, 0.0)])
+    adaptive = d / (ADAPTIVE.replace("+", "_") + ".jsonl")
+    levels = [json.loads(ln) for ln in adaptive.read_text().splitlines()]
+    levels[0]["gpu"] = {"sm_mhz_mean": 1410.4}  # NVML read pass 1's clocks, not pass 2's
+    adaptive.write_text("".join(json.dumps(r) + "\n" for r in levels))
     out = tmp_path / "bar.json"
     tiny_bar.main([str(d), "--json", str(out)])
     host = json.loads(out.read_text())[0]["host"]
     assert host[ADAPTIVE] == [
-        {"chunk_gap_ms": 8.0, "cpu_ms": 4.0, "runq_ms": 0.8, "steal_pct": 2.0},
-        {"chunk_gap_ms": 4.0, "cpu_ms": 4.0, "runq_ms": 0.0, "steal_pct": 0.0},
+        {"chunk_gap_ms": 8.0, "cpu_ms": 4.0, "runq_ms": 0.8, "steal_pct": 2.0, "sm_mhz": 1410.4},
+        {"chunk_gap_ms": 4.0, "cpu_ms": 4.0, "runq_ms": 0.0, "steal_pct": 0.0, "sm_mhz": None},
     ]
     assert host["ddtree63+graphs"][1]["cpu_ms"] == pytest.approx(5.7)
     text = capsys.readouterr().out
     assert (
-        f"| {ADAPTIVE} | 1 | 8.00 (cpu 4.00, runq 0.80; steal 2.0 %) "
+        f"| {ADAPTIVE} | 1 | 8.00 (cpu 4.00, runq 0.80; steal 2.0 %; SM 1410 MHz) "
         "| 4.00 (cpu 4.00, runq 0.00; steal 0.0 %) |"
     ) in text
     assert "| ddtree63+graphs | 1 | 4.00 (cpu 3.00, runq 0.00; steal 0.5 %) |" in text

@@ -674,6 +674,28 @@ def test_each_servers_levels_record_the_host_and_its_watched_threads_counters(tm
     assert all(h["on_cpu_pct"] is None and h["steal_pct"] is not None for h in unwatched)
 
 
+def test_each_level_records_its_gpus_clocks_where_nvml_reads_them(tmp_path, monkeypatch):
+    """Each level's "gpu" summarises the clock samples read during that level alone (the fake's
+    clock climbs by one a read: a level's lowest is above the previous level's highest); without
+    NVML it is None."""
+    from loadtests import gpu_clocks
+
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    clock = iter(range(1000, 100000))
+    monkeypatch.setattr(
+        sweep.gpu_clocks,
+        "nvml_reader",
+        lambda: lambda: gpu_clocks.GpuSample(next(clock), 250_000, 0),
+    )
+    levels = _levels_of_one_server(tmp_path, pf)
+    gpus = [lv["gpu"] for lv in levels]
+    assert all(g["samples"] >= 2 and g["power_w_mean"] == 250.0 for g in gpus), gpus
+    assert all(a["sm_mhz_max"] < b["sm_mhz_min"] for a, b in zip(gpus, gpus[1:])), gpus
+    monkeypatch.setattr(sweep.gpu_clocks, "nvml_reader", lambda: None)
+    (tmp_path / "one.jsonl").unlink()
+    assert all(lv["gpu"] is None for lv in _levels_of_one_server(tmp_path, pf))
+
+
 def _levels_of_one_server(tmp_path, pf) -> list[dict]:
     out = tmp_path / "one.jsonl"
     with serve_in_thread(KPerStep(2), model_name="m") as srv:
