@@ -27,6 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+THREAD_FIELDS = (  # delta's counters of the watched thread, in its output's order
+    "on_cpu_pct",
+    "run_delay_pct",
+    "voluntary_per_s",
+    "nonvoluntary_per_s",
+    "migrations",
+    "last_cpu",
+)
 
 
 @dataclass(frozen=True)
@@ -113,18 +121,15 @@ def delta(before: Snapshot, after: Snapshot) -> dict:
         total = b.total - a.total
         out["steal_pct"] = round(100.0 * (b.steal - a.steal) / total, 2)
         out["busy_pct"] = round(100.0 * (total - (b.idle - a.idle)) / total, 2)
+    out |= dict.fromkeys(THREAD_FIELDS)
     x, y = before.thread, after.thread
-    both = x is not None and y is not None and wall > 0
-    out["on_cpu_pct"] = round(100.0 * (y.on_cpu_ns - x.on_cpu_ns) / 1e9 / wall, 2) if both else None
-    out["run_delay_pct"] = (
-        round(100.0 * (y.run_delay_ns - x.run_delay_ns) / 1e9 / wall, 2) if both else None
-    )
-    out["voluntary_per_s"] = round((y.voluntary - x.voluntary) / wall, 1) if both else None
-    out["nonvoluntary_per_s"] = round((y.nonvoluntary - x.nonvoluntary) / wall, 1) if both else None
-    out["migrations"] = (
-        y.migrations - x.migrations
-        if both and x.migrations is not None and y.migrations is not None
-        else None
-    )
-    out["last_cpu"] = y.last_cpu if both else None
+    if x is None or y is None or wall <= 0:
+        return out
+    out["on_cpu_pct"] = round(100.0 * (y.on_cpu_ns - x.on_cpu_ns) / 1e9 / wall, 2)
+    out["run_delay_pct"] = round(100.0 * (y.run_delay_ns - x.run_delay_ns) / 1e9 / wall, 2)
+    out["voluntary_per_s"] = round((y.voluntary - x.voluntary) / wall, 1)
+    out["nonvoluntary_per_s"] = round((y.nonvoluntary - x.nonvoluntary) / wall, 1)
+    if x.migrations is not None and y.migrations is not None:
+        out["migrations"] = y.migrations - x.migrations
+    out["last_cpu"] = y.last_cpu
     return out

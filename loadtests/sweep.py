@@ -691,10 +691,15 @@ def format_level(r: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------- entry points
 async def _target(
-    args: argparse.Namespace, cfg: SweepConfig, prompts: list[str], i: int
+    args: argparse.Namespace,
+    cfg: SweepConfig,
+    prompts: list[str],
+    i: int,
+    gpu: Callable[[], gpu_clocks.GpuSample] | None,
 ) -> Target | None:
     """The ``i``-th server's :class:`Target` (its label and output: the ``i``-th ``--label`` /
-    ``--output``, or from its ``/server_info``), or None when it does not answer ``/health``."""
+    ``--output``, or from its ``/server_info``; its watched pid; ``gpu``, the one GPU reader the
+    sweep's servers share), or None when it does not answer ``/health``."""
     async with aiohttp.ClientSession() as s:
         if not await wait_healthy(s, cfg.base_url, args.wait_for_server):
             print(f"[sweep] {cfg.base_url}/health is not answering 200", file=sys.stderr)
@@ -738,8 +743,7 @@ async def _target(
         f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
         file=sys.stderr,
     )
-    watch = args.watch_pid[i] if args.watch_pid else None
-    return Target(cfg, meta, output, watch, gpu_clocks.nvml_reader())
+    return Target(cfg, meta, output, args.watch_pid[i] if args.watch_pid else None, gpu)
 
 
 async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:
@@ -757,8 +761,9 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         urls = _base_urls(args)
         sweep_id = uuid.uuid4().hex[:12]
         targets = []
+        gpu = gpu_clocks.nvml_reader()  # GPU 0, the servers' one (loadtests/gpu_clocks.py)
         for i, url in enumerate(urls):
-            target = await _target(args, dataclasses.replace(cfg, base_url=url), prompts, i)
+            target = await _target(args, dataclasses.replace(cfg, base_url=url), prompts, i, gpu)
             if target is None:
                 return 1
             target.meta["sweep_id"] = sweep_id

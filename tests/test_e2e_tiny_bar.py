@@ -75,17 +75,24 @@ def test_servers_split_over_calls_read_from_several_folders(tmp_path, capsys):
     assert "a second file of server 'ar+graphs'" in capsys.readouterr().err
 
 
-def test_repeated_runs_pool_their_passes_run_after_run(tmp_path, capsys):
-    """The same servers in two folders (the second call's servers started in the reverse order):
-    pass k of every server is from one run, run 2's passes after run 1's. Run 1 has the adaptive
-    server 10 % under DDTREE(63) at C = 1, run 2 5 % over: pooled, the four per-pass ratios
-    0.9, 0.9, 1.05, 1.05 have the median 0.975, not the one of either run."""
+def _two_runs(tmp_path) -> tuple[Path, Path]:
+    """Run 1: the adaptive server 10 % under DDTREE(63) at C = 1; run 2 (the same servers, its
+    own folder): 5 % over."""
     one = _run(tmp_path, [(1, 1080), (2, 2300), (1, 720), (2, 1533)])
     two = tmp_path / "run2"
     two.mkdir()
     for f in one.glob("*.jsonl"):
         (two / f.name).write_text(f.read_text())
     _write(two, ADAPTIVE, [(1, 1260), (2, 2300), (1, 840), (2, 1533)])
+    return one, two
+
+
+def test_repeated_runs_pool_their_passes_run_after_run(tmp_path, capsys):
+    """The same servers in two folders (the second call's servers started in the reverse order):
+    pass k of every server is from one run, run 2's passes after run 1's. Run 1 has the adaptive
+    server 10 % under DDTREE(63) at C = 1, run 2 5 % over: pooled, the four per-pass ratios
+    0.9, 0.9, 1.05, 1.05 have the median 0.975, not the one of either run."""
+    one, two = _two_runs(tmp_path)
     out = tmp_path / "bar.json"
     assert tiny_bar.main([str(one), str(two), "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
@@ -103,12 +110,7 @@ def test_repeated_runs_pool_their_passes_run_after_run(tmp_path, capsys):
 def test_a_runs_calls_joined_by_commas_pool_with_another_run(tmp_path, capsys):
     """Two runs, each split over two calls (``A1,A2 B1,B2``, session 37): the verdict of the two
     runs each in one folder; a server in both calls of one run is refused, naming them."""
-    one = _run(tmp_path, [(1, 1080), (2, 2300), (1, 720), (2, 1533)])
-    two = tmp_path / "run2"
-    two.mkdir()
-    for f in one.glob("*.jsonl"):
-        (two / f.name).write_text(f.read_text())
-    _write(two, ADAPTIVE, [(1, 1260), (2, 2300), (1, 840), (2, 1533)])
+    one, two = _two_runs(tmp_path)
     whole = tmp_path / "whole.json"
     assert tiny_bar.main([str(one), str(two), "--json", str(whole)]) == 0
     calls = []
