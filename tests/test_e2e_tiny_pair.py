@@ -516,13 +516,16 @@ def test_agreement_counts_prompt_by_prompt_against_a_longer_baseline():
 
 
 SLOTS = ("ddtree16", "--abort-check", "8", "--abort-tokens", "16")
+# 10 ms a step: 160 ms a stream, so an abort sent after the 2nd chunk lands mid-stream even on a
+# loaded CI core (at the fake's default 2 ms, a parallel test run let one finish first).
+SLOW = {"FAKE_STEP_MS": "10"}
 
 
 def test_no_slots_lost_passes_when_the_pools_come_back(tmp_path, monkeypatch, capsys, sglang_parse):
     """8 streams, 2 aborted mid-stream (one closed, one by /abort_request): the finished ones move
     their slots to the radix cache (evictable), the aborted ones free theirs, so free = available +
     evictable is back to its value before."""
-    assert _main(tmp_path, monkeypatch, *SLOTS) == 0
+    assert _main(tmp_path, monkeypatch, *SLOTS, **SLOW) == 0
     res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
     assert res["ok"] and res["problems"] == []
     assert res["aborted"] == {"close": 1, "abort_request": 1}
@@ -545,7 +548,7 @@ def test_no_slots_lost_passes_when_the_pools_come_back(tmp_path, monkeypatch, ca
 def test_no_slots_lost_looks_only_at_the_log_of_the_load(tmp_path, monkeypatch):
     """A traceback logged at start-up (SGLang's post-warm-up /freeze_gc on the kit) is not the
     load's: the check passes; one logged during the load fails it (the parametrized test below)."""
-    assert _main(tmp_path, monkeypatch, *SLOTS, FAKE_START_TRACEBACK="1") == 0
+    assert _main(tmp_path, monkeypatch, *SLOTS, FAKE_START_TRACEBACK="1", **SLOW) == 0
     res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
     assert res["ok"] and res["log_errors"] == 0
 
@@ -575,7 +578,7 @@ def test_no_slots_lost_fails_on_a_leaked_slot_or_a_traceback(
     tmp_path, monkeypatch, capsys, env, problem
 ):
     monkeypatch.setattr("e2e.slots.SETTLE_S", 1.0)  # the fake's gauges are never stale
-    assert _main(tmp_path, monkeypatch, *SLOTS, **env) == 1
+    assert _main(tmp_path, monkeypatch, *SLOTS, **env, **SLOW) == 1
     res = json.loads((tmp_path / "out" / "slots_ddtree16.json").read_text())
     assert not res["ok"]
     assert [p for p in res["problems"] if p.startswith(problem)] == res["problems"]
@@ -584,7 +587,7 @@ def test_no_slots_lost_fails_on_a_leaked_slot_or_a_traceback(
 
 
 def test_no_slots_lost_needs_the_metrics_gauges(tmp_path, monkeypatch, capsys):
-    assert _main(tmp_path, monkeypatch, *SLOTS, "--server-arg", "enable-metrics=") == 1
+    assert _main(tmp_path, monkeypatch, *SLOTS, "--server-arg", "enable-metrics=", **SLOW) == 1
     run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
     assert "start the server with --enable-metrics" in run["error"]
     assert "| ddtree16 | FAILED |" in capsys.readouterr().out

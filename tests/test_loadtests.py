@@ -698,7 +698,9 @@ def test_each_level_records_its_gpus_clocks_where_nvml_reads_them(tmp_path, monk
 
 def _levels_of_one_server(tmp_path, pf) -> list[dict]:
     out = tmp_path / "one.jsonl"
-    with serve_in_thread(KPerStep(2), model_name="m") as srv:
+    # 20 ms a step: a level lasts some 40 ms, several of /proc/stat's 10 ms ticks, so the host's
+    # shares have a denominator (an instant level left them None under a parallel test run)
+    with serve_in_thread(KPerStep(2, step_s=0.02), model_name="m") as srv:
         assert _sweep(srv, out, pf, "--num-requests", "2", "--max-new-tokens", "4") == 0
     return _levels(out)
 
