@@ -215,18 +215,22 @@ def host_values(level: dict) -> dict | None:
     """A level's step as its scheduler spent it (``loadtests.host_counters``, recorded with
     ``--watch-pid``): the median chunk gap (ms), the decode loop's time on a CPU and waiting for
     one, per chunk gap (its shares of the level's wall time times the gap), the host's steal
-    share (%) and, where NVML read it (``loadtests/gpu_clocks.py``), the GPU's mean SM clock (MHz,
-    else None); None without the host counters."""
+    share (%), where NVML read them (``loadtests/gpu_clocks.py``) the GPU's mean SM clock (MHz)
+    and kernel share (%), and where the sweep probed the CPU (``loadtests/cpu_probe.py``) the
+    median time of its unit of CPython work (ms); each of the last three None where not recorded;
+    None without the host counters."""
     host, gap = level.get("host") or {}, level.get("median_chunk_gap_ms")
     if host.get("on_cpu_pct") is None or host.get("steal_pct") is None or not gap:
         return None
-    gpu = level.get("gpu") or {}
+    gpu, probe = level.get("gpu") or {}, level.get("cpu_probe") or {}
     return {
         "chunk_gap_ms": float(gap),
         "cpu_ms": host["on_cpu_pct"] / 100.0 * float(gap),
         "runq_ms": host["run_delay_pct"] / 100.0 * float(gap),
         "steal_pct": host["steal_pct"],
         "sm_mhz": gpu.get("sm_mhz_mean"),
+        "gpu_busy_pct": gpu.get("util_pct_mean"),
+        "probe_ms": probe.get("unit_ms_median"),
     }
 
 
@@ -314,8 +318,9 @@ def _host_markdown(rows: list[dict], servers: list[str]) -> list[str]:
     lines = _captioned_head(
         "Each pass's median chunk gap (ms) and, within it, the decode loop's time on a CPU and "
         "waiting for one (ms, from its shares of the level's wall time), the host's steal "
-        "share (loadtests/host_counters.py) and the GPU's mean SM clock where NVML read it "
-        "(loadtests/gpu_clocks.py):",
+        "share (loadtests/host_counters.py), the GPU's mean SM clock and kernel share where NVML "
+        "read them (loadtests/gpu_clocks.py) and the median time of the CPU probe's unit of "
+        "CPython work where the sweep ran it (loadtests/cpu_probe.py):",
         head,
     )
     for s in servers:
@@ -325,9 +330,11 @@ def _host_markdown(rows: list[dict], servers: list[str]) -> list[str]:
             cells = [s, str(r["concurrency"])]
             for h in r["host"][s]:
                 sm = "" if h["sm_mhz"] is None else f"; SM {h['sm_mhz']:.0f} MHz"
+                busy = "" if h["gpu_busy_pct"] is None else f", busy {h['gpu_busy_pct']:.0f} %"
+                probe = "" if h["probe_ms"] is None else f"; probe {h['probe_ms']:.3f} ms"
                 cells.append(
                     f"{h['chunk_gap_ms']:.2f} (cpu {h['cpu_ms']:.2f}, runq {h['runq_ms']:.2f}; "
-                    f"steal {h['steal_pct']:.1f} %{sm})"
+                    f"steal {h['steal_pct']:.1f} %{sm}{busy}{probe})"
                 )
             cells += [""] * (len(head) - len(cells))
             lines.append("| " + " | ".join(cells) + " |")

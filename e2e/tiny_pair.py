@@ -393,7 +393,8 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
     """Closed-loop load test (loadtests/), one JSONL per server under ``<out>/sweeps``; several
     servers: one sweep with their levels interleaved. Each level records the host's counters and
     those of its server's decode loop (``--watch-pid``, loadtests/host_counters.py) when every
-    server's scheduler was found."""
+    server's scheduler was found, and the time of a fixed piece of CPython work on the harness's
+    CPUs (``--cpu-probe``, loadtests/cpu_probe.py)."""
     os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
     watch = all(srv.scheduler_pid is not None for _, srv in servers)
     each = []
@@ -421,6 +422,7 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
             str(args.sweep_tokens),
             "--ignore-eos",
             "--no-progress",
+            "--cpu-probe",
         ],
         check=True,
     )

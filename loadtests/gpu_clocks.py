@@ -5,8 +5,11 @@ A launch-bound step (the tiny pair's) runs many short kernels with the GPU mostl
 them, and a GPU that lowers its SM clock under such a light load makes every kernel slower. With
 the host's counters (``loadtests/host_counters.py``) this tells a slow host from a slow GPU:
 ``loadtests.sweep`` records each level's ``gpu`` -- the SM clock's mean, lowest and highest (MHz),
-the mean power draw (W), every clock-event (throttle) reason seen (NVML's bit mask) and the number
-of samples -- or None where there is no NVML (the CPU machine, CI).
+the mean power draw (W), every clock-event (throttle) reason seen (NVML's bit mask), the mean
+share of time a kernel was running (``util_pct_mean``, NVML's utilization over its own sample
+period: a level whose steps slowed on the host shows a lower share, one slowed on the GPU the
+same or a higher one) and the number of samples -- or None where there is no NVML (the CPU
+machine, CI).
 
 GPU 0 in NVML's order: the one GPU of the lent machines.
 """
@@ -22,11 +25,16 @@ from dataclasses import dataclass
 NVML_CLOCK_SM = 1
 
 
+class _Utilization(ctypes.Structure):  # nvmlUtilization_t
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
 @dataclass(frozen=True)
 class GpuSample:
     sm_mhz: int
     power_mw: int | None
     reasons: int | None  # NVML's clocks event (throttle) reasons, a bit mask
+    util_pct: int | None = None  # % of NVML's last sample period with a kernel running
 
 
 def nvml_reader(index: int = 0, lib: str = "libnvidia-ml.so.1") -> Callable[[], GpuSample] | None:
@@ -48,12 +56,17 @@ def nvml_reader(index: int = 0, lib: str = "libnvidia-ml.so.1") -> Callable[[], 
 
     def read() -> GpuSample:
         sm, power, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        util = _Utilization()
         if nvml.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM, ctypes.byref(sm)) != 0:
             raise OSError("nvmlDeviceGetClockInfo failed")
         got_power = nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(power)) == 0
         got_reasons = reasons_fn is not None and reasons_fn(handle, ctypes.byref(reasons)) == 0
+        got_util = nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)) == 0
         return GpuSample(
-            sm.value, power.value if got_power else None, reasons.value if got_reasons else None
+            sm.value,
+            power.value if got_power else None,
+            reasons.value if got_reasons else None,
+            util.gpu if got_util else None,
         )
 
     try:
@@ -103,6 +116,7 @@ class ClockSampler:
         sm = [s.sm_mhz for s in self.samples]
         power = [s.power_mw for s in self.samples if s.power_mw is not None]
         reasons = [s.reasons for s in self.samples if s.reasons is not None]
+        util = [s.util_pct for s in self.samples if s.util_pct is not None]
         any_reason = 0
         for r in reasons:
             any_reason |= r
@@ -112,5 +126,6 @@ class ClockSampler:
             "sm_mhz_max": max(sm),
             "power_w_mean": round(statistics.fmean(power) / 1000.0, 1) if power else None,
             "clock_event_reasons": any_reason if reasons else None,
+            "util_pct_mean": round(statistics.fmean(util), 1) if util else None,
             "samples": len(sm),
         }

@@ -12,8 +12,10 @@ as soon as the level ends, with bench_serving's field names (``max_concurrency``
 ``output_lens``, ``ttfts``, ``itls``, ``errors`` ...) plus ours (see loadtests/metrics.py), and
 the level's ``host`` counters (loadtests/host_counters.py: the host's steal and busy shares and,
 with ``--watch-pid`` -- the server's scheduler, once per ``--base-url`` -- its decode loop's time on
-a CPU and waiting for one, context switches and migrations) and ``gpu`` clocks (loadtests/gpu_clocks.py:
-the SM clock, power and throttle reasons of GPU 0 sampled through the level; None without NVML).
+a CPU and waiting for one, context switches and migrations), ``gpu`` clocks (loadtests/gpu_clocks.py:
+the SM clock, power, throttle reasons and kernel share of GPU 0 sampled through the level; None
+without NVML) and, with ``--cpu-probe``, ``cpu_probe`` (loadtests/cpu_probe.py: how long a fixed
+piece of CPython work took on this host within the level; None without).
 
 Several servers in one run (``--base-url`` once per server, ``--label`` / ``--output`` once per
 server or not at all): their levels are interleaved -- at each concurrency every server runs its
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as _dt
 import ipaddress
@@ -50,7 +53,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadtests import gpu_clocks, host_counters
+from loadtests import cpu_probe, gpu_clocks, host_counters
 from loadtests.client import BACKEND_NAMES, CHAT, GENERATE, RequestSpec, send_request
 from loadtests.metrics import summarize
 from loadtests.prompts import PromptError, load_prompts
@@ -348,6 +351,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a process on this host whose main thread's counters each level records in its "
         "'host' (loadtests/host_counters.py: the server's scheduler); once per --base-url",
     )
+    p.add_argument(
+        "--cpu-probe",
+        action="store_true",
+        help="time a fixed piece of CPython work ten times a second through the sweep and record "
+        "each level's times in its 'cpu_probe' (loadtests/cpu_probe.py: a CPU that runs slower)",
+    )
     p.add_argument("--keep-text", action="store_true", help="store generated texts in the output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --base-url")
@@ -590,6 +599,7 @@ class Target:
     output: Path
     watch_pid: int | None = None  # its records' host counters follow this process (--watch-pid)
     gpu: Callable[[], gpu_clocks.GpuSample] | None = None  # reads its GPU's clocks (NVML)
+    probe: cpu_probe.CpuProbe | None = None  # times the host's CPU through the sweep (--cpu-probe)
 
 
 def interleaved(targets: list, level: int) -> list:
@@ -648,6 +658,7 @@ async def _run_recorded_level(
     with gpu_clocks.ClockSampler(t.gpu) as clocks:
         level = await run_level(s, cfg, c, prompts, stop)
     host = host_counters.delta(before, host_counters.snapshot(t.watch_pid))
+    probed = None if t.probe is None else t.probe.window(before.t, time.monotonic())
     info = await get_json(s, cfg.base_url + "/server_info")
     summary = summarize(level["results"], level["duration"])
     rec = {
@@ -662,6 +673,7 @@ async def _run_recorded_level(
         "cancelled": level["cancelled"],
         "host": host,
         "gpu": clocks.summary(),
+        "cpu_probe": probed,
         "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
     }
     if cfg.keep_text:
@@ -771,7 +783,12 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         if len(targets) > 1:
             for t in targets:
                 t.meta["interleaved_with"] = [u.meta["label"] for u in targets if u is not t]
-        records = await run_sweep(targets, prompts, interrupt)
+        with contextlib.ExitStack() as stack:
+            if args.cpu_probe:  # one probe for every server: the host's CPU, not a server's
+                probe = stack.enter_context(cpu_probe.CpuProbe())
+                for t in targets:
+                    t.probe = probe
+            records = await run_sweep(targets, prompts, interrupt)
     except asyncio.CancelledError:
         print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
         return 130

@@ -224,7 +224,8 @@ def test_the_ratios_split_into_tokens_per_step_and_step_rate(tmp_path, capsys):
 def test_host_counters_show_each_pass_as_its_scheduler_spent_it(tmp_path, capsys):
     """With every level's host counters (loadtests.sweep --watch-pid): per server and pass, the
     chunk gap beside the decode loop's CPU and run-queue time within it (its shares of the
-    level's wall time times the gap) and the host's steal share, passes in order; one server
+    level's wall time times the gap), the host's steal share, the GPU's clock and kernel share and
+    the CPU probe's unit time where recorded, passes in order; one server
     without them: no such table (what is there cannot be compared)."""
     d = tmp_path / "sweeps"
     d.mkdir()
@@ -246,20 +247,24 @@ def test_host_counters_show_each_pass_as_its_scheduler_spent_it(tmp_path, capsys
     write(ADAPTIVE, [(1100, 8.0, 50, 10, 2.0), (800, 4.0, 100, 0, 0.0)])
     adaptive = d / (ADAPTIVE.replace("+", "_") + ".jsonl")
     levels = [json.loads(ln) for ln in adaptive.read_text().splitlines()]
-    levels[0]["gpu"] = {"sm_mhz_mean": 1410.4}  # NVML read pass 1's clocks, not pass 2's
+    levels[0]["gpu"] = {"sm_mhz_mean": 1410.4, "util_pct_mean": 41.0}  # NVML read pass 1 alone
+    levels[0]["cpu_probe"] = {"unit_ms_median": 1.667}
+    levels[1]["cpu_probe"] = {"unit_ms_median": 2.5}
     adaptive.write_text("".join(json.dumps(r) + "\n" for r in levels))
     out = tmp_path / "bar.json"
     tiny_bar.main([str(d), "--json", str(out)])
     host = json.loads(out.read_text())[0]["host"]
     assert host[ADAPTIVE] == [
-        {"chunk_gap_ms": 8.0, "cpu_ms": 4.0, "runq_ms": 0.8, "steal_pct": 2.0, "sm_mhz": 1410.4},
-        {"chunk_gap_ms": 4.0, "cpu_ms": 4.0, "runq_ms": 0.0, "steal_pct": 0.0, "sm_mhz": None},
-    ]
+        {"chunk_gap_ms": 8.0, "cpu_ms": 4.0, "runq_ms": 0.8, "steal_pct": 2.0, "sm_mhz": 1410.4,
+         "gpu_busy_pct": 41.0, "probe_ms": 1.667},
+        {"chunk_gap_ms": 4.0, "cpu_ms": 4.0, "runq_ms": 0.0, "steal_pct": 0.0, "sm_mhz": None,
+         "gpu_busy_pct": None, "probe_ms": 2.5},
+    ]  # fmt: skip
     assert host["ddtree63+graphs"][1]["cpu_ms"] == pytest.approx(5.7)
     text = capsys.readouterr().out
     assert (
-        f"| {ADAPTIVE} | 1 | 8.00 (cpu 4.00, runq 0.80; steal 2.0 %; SM 1410 MHz) "
-        "| 4.00 (cpu 4.00, runq 0.00; steal 0.0 %) |"
+        f"| {ADAPTIVE} | 1 | 8.00 (cpu 4.00, runq 0.80; steal 2.0 %; SM 1410 MHz, busy 41 %; "
+        "probe 1.667 ms) | 4.00 (cpu 4.00, runq 0.00; steal 0.0 %; probe 2.500 ms) |"
     ) in text
     assert "| ddtree63+graphs | 1 | 4.00 (cpu 3.00, runq 0.00; steal 0.5 %) |" in text
     lines = [ln for ln in (d / "ar_graphs.jsonl").read_text().splitlines()]

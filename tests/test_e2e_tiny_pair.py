@@ -484,6 +484,7 @@ def test_sweep_levels_take_the_requests_per_concurrency_given(tmp_path, monkeypa
     started = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
     # each level records its server's decode loop (loadtests.host_counters): the fake's scheduler
     assert [flag(c, "--watch-pid") for c in sweeps] == [str(r["scheduler_pid"]) for r in started]
+    assert all("--cpu-probe" in c for c in sweeps)  # and the host's CPU (loadtests.cpu_probe)
     assert [flag(c, "--requests-per-concurrency") for c in sweeps] == ["12", "4"]
     assert [flag(c, "--min-requests") for c in sweeps] == ["24", "8"]
     assert [flag(c, "--max-new-tokens") for c in sweeps] == ["512", "128"]

@@ -14,7 +14,8 @@ from loadtests.gpu_clocks import ClockSampler, GpuSample
 
 CC = shutil.which("cc") or shutil.which("gcc")
 
-# NVML's calls as the binding uses them: SM clock 1410 + 10 per read, 300 W, reasons 0x4 then 0x1
+# NVML's calls as the binding uses them: SM clock 1410 + 10 per read, 300 W, reasons 0x4 then 0x1,
+# utilization 37 % (the memory share beside it 99, so a field read off by one shows)
 FAKE_NVML = r"""
 static int reads = 0;
 int nvmlInit_v2(void) { return 0; }
@@ -33,6 +34,13 @@ int REASONS(void *device, unsigned long long *reasons) {
     *reasons = reads > 1 ? 0x1ULL : 0x4ULL;
     return 0;
 }
+typedef struct { unsigned int gpu; unsigned int memory; } nvmlUtilization_t;
+int nvmlDeviceGetUtilizationRates(void *device, nvmlUtilization_t *u) {
+    if (device != (void *)0x1234) return 2;
+    u->gpu = 37;
+    u->memory = 99;
+    return 0;
+}
 """
 
 
@@ -48,14 +56,14 @@ def test_the_summary_reads_every_sample_of_the_level():
     """Mean, lowest and highest SM clock, mean power, every reason bit seen, the sample count: a
     read at the start and at the end at least; a read that fails ends the sampling and keeps what
     was read; no reader, no summary."""
-    values = iter([(1980, 700_000, 0x1), (1410, 300_000, 0x4), (1755, None, None)])
+    values = iter([(1980, 700_000, 0x1, 20), (1410, 300_000, 0x4, 50), (1755, None, None, None)])
 
     def read():
         try:
-            sm, mw, why = next(values)
+            sm, mw, why, util = next(values)
         except StopIteration:
             raise OSError("gone") from None
-        return GpuSample(sm, mw, why)
+        return GpuSample(sm, mw, why, util)
 
     with ClockSampler(read, period=0.01) as s:
         time.sleep(0.2)  # past the three values: the fourth read fails and sampling stops
@@ -65,13 +73,14 @@ def test_the_summary_reads_every_sample_of_the_level():
         "sm_mhz_max": 1980,
         "power_w_mean": 500.0,
         "clock_event_reasons": 0x5,  # 0x1 | 0x4
+        "util_pct_mean": 35.0,  # the two samples that read it
         "samples": 3,
     }
     n = iter(range(1000))
     with ClockSampler(lambda: GpuSample(1000 + next(n), None, None), period=10.0) as quick:
         pass  # shorter than one period: the start's read and the end's
     assert quick.summary()["samples"] == 2
-    assert quick.summary()["power_w_mean"] is None
+    assert quick.summary()["power_w_mean"] is None and quick.summary()["util_pct_mean"] is None
     with ClockSampler(None) as none:
         pass
     assert none.summary() is None
@@ -88,11 +97,12 @@ def test_no_nvml_no_reader(tmp_path):
 )
 def test_the_binding_calls_nvml_as_its_headers_declare(tmp_path, reasons_name):
     """Through a C library with NVML's signatures: the handle of GPU 0 reaches the clock call with
-    the SM clock type, clock, power and reasons come back through their pointers (either name of
-    the reasons call); a GPU index NVML refuses gives no reader."""
+    the SM clock type; clock, power, reasons and the kernel share of the utilization come back
+    through their pointers (either name of the reasons call); a GPU index NVML refuses gives no
+    reader."""
     lib = _fake_nvml(tmp_path, reasons_name)
     read = gpu_clocks.nvml_reader(0, lib)
     assert read is not None  # its first read (1410) checked the binding
-    assert read() == GpuSample(1420, 300_000, 0x1)
+    assert read() == GpuSample(1420, 300_000, 0x1, 37)
     assert read().sm_mhz == 1430
     assert gpu_clocks.nvml_reader(1, lib) is None

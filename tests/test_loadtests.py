@@ -7,6 +7,7 @@ bounded by a request count and per-request timeouts. Timings are never asserted.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -696,12 +697,33 @@ def test_each_level_records_its_gpus_clocks_where_nvml_reads_them(tmp_path, monk
     assert all(lv["gpu"] is None for lv in _levels_of_one_server(tmp_path, pf))
 
 
-def _levels_of_one_server(tmp_path, pf) -> list[dict]:
+def test_cpu_probe_records_the_units_timed_within_each_level(tmp_path, monkeypatch):
+    """--cpu-probe: one probe through the sweep (loadtests/cpu_probe.py), each level's
+    "cpu_probe" summarising the units timed within that level alone (no more than its wall time
+    holds); without the flag it is None."""
+    from loadtests import cpu_probe
+
+    period = 0.005
+    monkeypatch.setattr(
+        sweep.cpu_probe, "CpuProbe", functools.partial(cpu_probe.CpuProbe, period=period)
+    )
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    levels = _levels_of_one_server(tmp_path, pf, "--cpu-probe")
+    assert len(levels) == 3
+    for lv in levels:
+        probed, wall = lv["cpu_probe"], lv["host"]["wall_s"]
+        assert 1 <= probed["samples"] <= wall / period + 2, (probed, wall)
+        assert 0 < probed["unit_ms_min"] <= probed["unit_ms_median"] <= probed["unit_ms_max"]
+    (tmp_path / "one.jsonl").unlink()
+    assert all(lv["cpu_probe"] is None for lv in _levels_of_one_server(tmp_path, pf))
+
+
+def _levels_of_one_server(tmp_path, pf, *extra: str) -> list[dict]:
     out = tmp_path / "one.jsonl"
     # 20 ms a step: a level lasts some 40 ms, several of /proc/stat's 10 ms ticks, so the host's
     # shares have a denominator (an instant level left them None under a parallel test run)
     with serve_in_thread(KPerStep(2, step_s=0.02), model_name="m") as srv:
-        assert _sweep(srv, out, pf, "--num-requests", "2", "--max-new-tokens", "4") == 0
+        assert _sweep(srv, out, pf, "--num-requests", "2", "--max-new-tokens", "4", *extra) == 0
     return _levels(out)
 
 
