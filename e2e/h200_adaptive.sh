@@ -27,6 +27,8 @@
 #            INTERLEAVED_LIMIT_S=$((570 - SECONDS)) from the call's shell (session 37's call 1 hit the
 #            device's limit first, and its server outlived the call).
 # PIN_CPUS=1: --pin-cpus (each server on its own block of physical cores, the harness on the last).
+# PACK_OUT=1 (on the device): at the end $OUT holds one file, all.tar.xz, with everything the parts
+# wrote (`tar xJf all.tar.xz` here): a call returns at most 8 files (session 38 lost a sweep).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
 # calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
@@ -111,5 +113,10 @@ if [[ " $PARTS " == *" interleaved "* ]]; then
   tail -n 40 "$OUT/interleaved.log"
   # issue 15's tiny bar from this run's interleaved levels (a measurement: it does not set rc)
   "$SGLANG_KIT_PYTHON" -m e2e.tiny_bar "$OUT/interleaved/sweeps" --json "$OUT/interleaved/tiny_bar.json"
+fi
+if [ -n "${PACK_OUT:-}" ]; then
+  pack=$(mktemp -d)
+  tar cJf "$pack/all.tar.xz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$pack/all.tar.xz" "$OUT/" || rc=1
+  rmdir "$pack"
 fi
 exit $rc

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,18 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
     argv = calls[-2].split()
     assert argv[argv.index("--servers") + 1] == f"dflash+graphs+stages,ddtree63{mods}+adaptive"
     assert argv[argv.index("--adaptive-config") + 1].endswith("e2e/adaptive_budgets_tiny.json")
+
+
+def test_pack_out_leaves_one_archive_with_everything_the_parts_wrote(tmp_path):
+    """PACK_OUT=1: a device call returns at most 8 files, so $OUT ends as all.tar.xz alone, holding
+    each part's files (session 38 lost a sweep, the 9th file, to that limit); without it, the
+    files stay as written."""
+    e2e = [{"label": "ar+graphs", "ok": True}]
+    assert run(tmp_path, e2e, PARTS="fixed")[0] == 0
+    assert (tmp_path / "out" / "fixed" / "e2e.json").exists()
+    rc, _ = run(tmp_path, e2e, PARTS="fixed", PACK_OUT="1")
+    assert rc == 0
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["all.tar.xz"]
+    with tarfile.open(tmp_path / "out" / "all.tar.xz") as tar:
+        names = {n.removeprefix("./") for n in tar.getnames()}
+    assert {"fixed/e2e.json", "fixed.log"} <= names, names
