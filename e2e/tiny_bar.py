@@ -32,10 +32,12 @@ DFLASH's 5.2 and AR's 2.3; 1.19x DFLASH's tokens per step at 0.66x its step rate
 
 Why a step took what it took: where the levels carry host counters (``loadtests.sweep
 --watch-pid``, which ``e2e.tiny_pair`` passes since session 37), a third table gives, pass by
-pass, each server's chunk gap beside its decode loop's time on a CPU and waiting for one, and the
-host's steal share, and the GPU's SM clock. Session 37 saw the DDTREE step at C = 1 at 4.2-4.4 or 6.0-6.5 ms by pass and
-server, with the same tokens a step: more CPU time for the same work says a slower CPU, more
-waiting says contention, steal says the hypervisor, a lower SM clock a GPU that slowed down.
+pass, each server's chunk gap beside its decode loop's time on a CPU and waiting for one, the
+host's steal share, the GPU's SM clock and kernel share, and the CPU probe's unit time
+(``--cpu-probe``). Waiting says contention, steal the hypervisor, a lower SM clock a GPU that
+slowed down, a slower probe unit a slower CPU. The loop's time on a CPU follows the gap whatever
+the cause (it spins on the GPU; session 38: 97-98 % of every level, while the gaps of every
+server moved between 4.0 and 6.3 ms at C = 1).
 
 A pass in which some server's level did not complete (0 tokens/s or ``interrupted``: a pass cut by
 a time-out) is left out at that C (``skipped_passes``).

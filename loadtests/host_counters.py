@@ -15,9 +15,11 @@ apart:
   a second (``status``), its migrations between CPUs (``sched``'s ``se.nr_migrations``, where the
   kernel has it) and the CPU it ran on last (``stat``).
 
-A slower CPU shows as more ``on_cpu_pct`` for the same steps, contention as ``run_delay_pct`` or
-involuntary switches, a busy hypervisor as ``steal_pct``. Every counter is None where ``/proc``
-cannot say (not Linux, the thread gone): the level goes on without it.
+Contention shows as ``run_delay_pct`` or involuntary switches, a busy hypervisor as
+``steal_pct``. A slower CPU does not show here: SGLang's decode loop never sleeps (it computes or
+spins on the GPU), so it is on a CPU 97-98 % of every level, fast or slow (session 38);
+``loadtests/cpu_probe.py`` times the CPU itself. Every counter is None where ``/proc`` cannot say
+(not Linux, the thread gone): the level goes on without it.
 """
 
 from __future__ import annotations

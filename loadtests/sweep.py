@@ -598,8 +598,6 @@ class Target:
     meta: dict
     output: Path
     watch_pid: int | None = None  # its records' host counters follow this process (--watch-pid)
-    gpu: Callable[[], gpu_clocks.GpuSample] | None = None  # reads its GPU's clocks (NVML)
-    probe: cpu_probe.CpuProbe | None = None  # times the host's CPU through the sweep (--cpu-probe)
 
 
 def interleaved(targets: list, level: int) -> list:
@@ -613,7 +611,11 @@ async def run_sweep(
     targets: list[Target],
     prompts: list[str],
     interrupt: Interrupt | None = None,
+    gpu: Callable[[], gpu_clocks.GpuSample] | None = None,
+    probe: cpu_probe.CpuProbe | None = None,
 ) -> list[dict]:
+    """Every target's levels, interleaved; ``gpu`` (GPU 0's clocks, NVML) and ``probe`` (the
+    host's CPU, ``--cpu-probe``) are read around every level, whichever server it is."""
     interrupt = interrupt or Interrupt()
     stop = interrupt.event
     records: list[dict] = []
@@ -628,7 +630,7 @@ async def run_sweep(
             for t in interleaved(targets, i):
                 if stop.is_set():
                     break
-                records.append(await _run_recorded_level(s, t, c, prompts, stop))
+                records.append(await _run_recorded_level(s, t, c, prompts, stop, gpu, probe))
     return records
 
 
@@ -643,7 +645,13 @@ async def _warm_up(s, cfg: SweepConfig, prompts: list[str], stop: asyncio.Event)
 
 
 async def _run_recorded_level(
-    s, t: Target, c: int, prompts: list[str], stop: asyncio.Event
+    s,
+    t: Target,
+    c: int,
+    prompts: list[str],
+    stop: asyncio.Event,
+    gpu: Callable[[], gpu_clocks.GpuSample] | None = None,
+    probe: cpu_probe.CpuProbe | None = None,
 ) -> dict:
     """One level of ``t`` at concurrency ``c``: flush, run, read the server's acceptance, append
     the record to ``t.output``."""
@@ -655,10 +663,11 @@ async def _run_recorded_level(
             file=sys.stderr,
         )
     before = host_counters.snapshot(t.watch_pid)
-    with gpu_clocks.ClockSampler(t.gpu) as clocks:
+    with gpu_clocks.ClockSampler(gpu) as clocks:
         level = await run_level(s, cfg, c, prompts, stop)
-    host = host_counters.delta(before, host_counters.snapshot(t.watch_pid))
-    probed = None if t.probe is None else t.probe.window(before.t, time.monotonic())
+    after = host_counters.snapshot(t.watch_pid)
+    host = host_counters.delta(before, after)
+    probed = None if probe is None else probe.window(before.t, after.t)
     info = await get_json(s, cfg.base_url + "/server_info")
     summary = summarize(level["results"], level["duration"])
     rec = {
@@ -703,15 +712,11 @@ def format_level(r: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------- entry points
 async def _target(
-    args: argparse.Namespace,
-    cfg: SweepConfig,
-    prompts: list[str],
-    i: int,
-    gpu: Callable[[], gpu_clocks.GpuSample] | None,
+    args: argparse.Namespace, cfg: SweepConfig, prompts: list[str], i: int
 ) -> Target | None:
     """The ``i``-th server's :class:`Target` (its label and output: the ``i``-th ``--label`` /
-    ``--output``, or from its ``/server_info``; its watched pid; ``gpu``, the one GPU reader the
-    sweep's servers share), or None when it does not answer ``/health``."""
+    ``--output``, or from its ``/server_info``; its watched pid), or None when it does not answer
+    ``/health``."""
     async with aiohttp.ClientSession() as s:
         if not await wait_healthy(s, cfg.base_url, args.wait_for_server):
             print(f"[sweep] {cfg.base_url}/health is not answering 200", file=sys.stderr)
@@ -755,7 +760,7 @@ async def _target(
         f"[sweep] {label} ({algorithm}, {model}) -> {output}; levels {list(cfg.concurrency)}",
         file=sys.stderr,
     )
-    return Target(cfg, meta, output, args.watch_pid[i] if args.watch_pid else None, gpu)
+    return Target(cfg, meta, output, args.watch_pid[i] if args.watch_pid else None)
 
 
 async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str]) -> int:
@@ -773,9 +778,8 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         urls = _base_urls(args)
         sweep_id = uuid.uuid4().hex[:12]
         targets = []
-        gpu = gpu_clocks.nvml_reader()  # GPU 0, the servers' one (loadtests/gpu_clocks.py)
         for i, url in enumerate(urls):
-            target = await _target(args, dataclasses.replace(cfg, base_url=url), prompts, i, gpu)
+            target = await _target(args, dataclasses.replace(cfg, base_url=url), prompts, i)
             if target is None:
                 return 1
             target.meta["sweep_id"] = sweep_id
@@ -783,12 +787,9 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         if len(targets) > 1:
             for t in targets:
                 t.meta["interleaved_with"] = [u.meta["label"] for u in targets if u is not t]
-        with contextlib.ExitStack() as stack:
-            if args.cpu_probe:  # one probe for every server: the host's CPU, not a server's
-                probe = stack.enter_context(cpu_probe.CpuProbe())
-                for t in targets:
-                    t.probe = probe
-            records = await run_sweep(targets, prompts, interrupt)
+        gpu = gpu_clocks.nvml_reader()  # GPU 0, the servers' one (loadtests/gpu_clocks.py)
+        with cpu_probe.CpuProbe() if args.cpu_probe else contextlib.nullcontext() as probe:
+            records = await run_sweep(targets, prompts, interrupt, gpu, probe)
     except asyncio.CancelledError:
         print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
         return 130

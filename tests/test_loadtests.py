@@ -603,9 +603,9 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     order = []
     run_level = sweep._run_recorded_level
 
-    async def recorded(s, t, c, prompts, stop):
+    async def recorded(s, t, c, prompts, stop, *instruments):
         order.append((t.meta["label"], c))
-        return await run_level(s, t, c, prompts, stop)
+        return await run_level(s, t, c, prompts, stop, *instruments)
 
     monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
     outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
