@@ -549,6 +549,9 @@ def pin_scheduler(
     return scheduler
 
 
+MEMORY_SIZED = "Memory pool end"  # SGLang's log line once a server's memory pools are allocated
+
+
 class ServerFailed(RuntimeError):
     """The server exited or never became healthy (``Server.tail()`` says why)."""
 
@@ -580,6 +583,7 @@ class Server:
         self.url = f"http://{HOST}:{port}"
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
+        self._t0 = 0.0  # its launch (time.monotonic)
         self.scheduler_pid: int | None = None  # its decode loop's process (scheduler_pid)
         self.scheduler_pinned = False  # on a core of its own (pin_scheduler)
 
@@ -591,11 +595,17 @@ class Server:
         self.stop()
 
     def start(self) -> float:
+        """Launch, then wait until healthy (the whole start; ``launch`` and ``wait_healthy``
+        apart overlap several servers' starts: ``e2e.tiny_pair --interleave``)."""
+        self.launch()
+        return self.wait_healthy()
+
+    def launch(self) -> None:
         if port_in_use(HOST, self.port):  # a server left there would answer for this one
             raise HarnessError(f"port {self.port} is already in use: stop that server first")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.cfg.env}
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.cmd,
@@ -606,12 +616,32 @@ class Server:
                 start_new_session=True,
                 preexec_fn=None if self.cpus is None else self._pin,
             )
+
+    def wait_memory_sized(self) -> None:
+        """Until the launched server has sized its memory pools (its log's ``MEMORY_SIZED`` line),
+        has exited, is healthy, or ``start_timeout`` has passed since its launch: the next server
+        on the GPU may start then. SGLang sizes a server's KV and GDN state pools from the GPU
+        memory free when it starts loading and when it profiles, so two servers profiling at once
+        would each count the other's memory as free; what a server allocates after its pools (CUDA
+        graphs, some hundred MB) only shrinks the next one's pools by as much."""
+        try:
+            while time.monotonic() - self._t0 < self.start_timeout and self.proc.poll() is None:
+                if MEMORY_SIZED in self.log_text() or health_ok(self.url + "/health", timeout=1):
+                    return
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_healthy(self) -> float:
+        """Until the launched server answers ``/health`` (``start_s``: from its launch), then pin its
+        scheduler; stops it and raises ``ServerFailed`` when it exits or outlasts ``start_timeout``."""
         try:  # whatever interrupts the wait (SIGTERM of a call's time limit) stops the server
             # A fresh server's first /health runs a generation that may JIT-compile kernels: 60 s.
-            while time.monotonic() - t0 < self.start_timeout and self.proc.poll() is None:
+            while time.monotonic() - self._t0 < self.start_timeout and self.proc.poll() is None:
                 if health_ok(self.url + "/health", timeout=60):
                     self._check_listener_is_ours()
-                    self.start_s = round(time.monotonic() - t0, 1)
+                    self.start_s = round(time.monotonic() - self._t0, 1)
                     self.scheduler_pid = scheduler_pid(self.proc.pid)
                     if self.cpus is not None:
                         pinned = pin_scheduler(self.proc.pid, self.cpus)

@@ -28,9 +28,9 @@ for ``/health``, sends greedy requests one by one and then concurrently, plus sa
 (T > 0), and stops the server.
 With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) and writes the
 comparison report and plots (``loadtests.compare``) under ``<out>/report``.
-With ``--interleave`` every server stays up at once (started one after another on ports ``--port``
-+ i, with ``--sleep-on-idle``; every ``+patched`` applied before the first starts), each is
-checked in turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a
+With ``--interleave`` every server stays up at once (on ports ``--port`` + i, with
+``--sleep-on-idle``; every ``+patched`` applied before the first starts; each launched as soon as
+the one before has sized its memory pools, so that their starts overlap), each is checked in turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a
 ``--base-url`` per server): a launch-bound tiny server's level moved by up to 1.4x between passes
 a minute apart (session 25), so servers measured one after the other cannot be told apart within
 5 %, and interleaved ones can. With ``--pin-cpus`` each server's processes run on a block of whole
@@ -215,8 +215,10 @@ def run_server(label, cfg, prompts, args, results: list[dict], index: int = 0) -
 def run_interleaved(
     servers: list[tuple[str, ServerConfig]], prompts, args, results: list[dict]
 ) -> None:
-    """``--interleave``: every server up at once (started one after another, each answering
-    before the next starts; ports ``--port`` + i; ``--sleep-on-idle``), each checked in turn,
+    """``--interleave``: every server up at once (each launched once the one before has sized its
+    memory pools, ``kit.Server.wait_memory_sized``, so that their starts overlap: four tiny-pair
+    servers one after another took 365 s of a 600 s call in session 38; ports ``--port`` + i;
+    ``--sleep-on-idle``), each checked in turn once healthy,
     then ONE load test over all of them with their levels interleaved (``loadtests.sweep`` with a
     ``--base-url`` per server), then the abort checks, then all stopped. Each server's record
     joins ``results`` as it starts (what ran stays there when the call's time limit interrupts)."""
@@ -234,7 +236,8 @@ def run_interleaved(
 
 def _interleave(servers, prompts, args, results: list[dict], running: list) -> None:
     with contextlib.ExitStack() as stack:
-        for i, (label, cfg) in enumerate(servers):
+        launched = []
+        for i, (label, cfg) in enumerate(servers):  # each launched once the last has its memory
             print(
                 f"=== {label} (port {args.port + i}, kept up for the interleaved sweep)", flush=True
             )
@@ -243,10 +246,18 @@ def _interleave(servers, prompts, args, results: list[dict], running: list) -> N
             res = {"label": label, "cmd": " ".join(srv.cmd), "ok": False}
             results.append(res)
             try:
-                stack.enter_context(srv)
-                res["start_s"] = srv.start_s
+                srv.launch()
+                stack.callback(srv.stop)
+                srv.wait_memory_sized()
+                launched.append((res, srv))
+            except HARNESS_ERRORS as e:
+                res["error"] = kit.http_error_text(e)
+                finish(res, srv, args)
+        for res, srv in launched:
+            try:
+                res["start_s"] = srv.wait_healthy()
                 res.update(_pinned(srv))
-                if "fusednorms" in parse_server(label)[2]:
+                if "fusednorms" in parse_server(res["label"])[2]:
                     kit.require_kit_norms(srv)
                 check(res, srv, prompts, args)
                 running.append((res, srv))

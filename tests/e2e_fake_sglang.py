@@ -14,7 +14,9 @@ radix-cached (evictable), an aborted one (closed stream or abort_request) frees 
 at start), ``FAKE_STEP_MS`` (time per decode step), ``FAKE_LEAK=kv|mamba`` (an aborted stream never
 returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback),
 ``FAKE_PREFILL_MS`` (time per prefill round of a batched ``/generate``, before its steps),
-``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
+``FAKE_START_S`` (seconds between its "Memory pool end" line and its readiness: the CUDA graph
+captures of a real start), ``FAKE_MEMORY_TIMES`` (a file each start appends its pid and the time of
+that line to), ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
 on the H200 kit), ``FAKE_START_LINE`` (a line logged at start-up, as a plugin's print); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
 once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
 SGLang 0.5.23's scheduler does. With ``--speculative-adaptive`` the first batch of each size logs
@@ -257,6 +259,7 @@ if __name__ == "__main__":
     with open(os.environ["FAKE_CALLS"], "a") as f:
         seen = {k: os.environ[k] for k in ENV_SEEN if k in os.environ}
         record = {"argv": argv, "env": seen, "pid": os.getpid(), "scheduler_pid": SCHEDULER.pid}
+        record["t"] = time.time()
         f.write(json.dumps({**record, "cpus": sorted(os.sched_getaffinity(0))}) + "\n")
     if os.environ.get("FAKE_CRASH") == (ALGORITHM or "AR"):
         print("RuntimeError: CUDA out of memory", flush=True)
@@ -276,6 +279,11 @@ if __name__ == "__main__":
     if cap < MAX_RUNNING:
         print(f"[fake] max_running_requests is capped to {cap} by the mamba state cache")
         MAX_RUNNING = cap
+    print("[fake] Memory pool end. avail mem=12.50 GB", flush=True)
+    if os.environ.get("FAKE_MEMORY_TIMES"):
+        with open(os.environ["FAKE_MEMORY_TIMES"], "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "t": time.time()}) + "\n")
+    time.sleep(float(os.environ.get("FAKE_START_S", 0)))  # what SGLang does after: CUDA graphs
     print(
         f"[fake] max_total_num_tokens=90000, chunked_prefill_size=8192, max_prefill_tokens=16384, "
         f"max_running_requests={MAX_RUNNING}, context_len=4096, available_gpu_mem=12.50 GB",

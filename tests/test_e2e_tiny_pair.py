@@ -325,15 +325,28 @@ def test_stages_are_refused_for_servers_without_speculative_stages(spec):
 def test_interleave_keeps_every_server_up_and_runs_one_sweep_over_all_of_them(
     tmp_path, monkeypatch
 ):
-    """--interleave: the servers start one after another on ports --port + i with
-    --sleep-on-idle, each is checked, then one load test interleaves their levels (each server's
-    JSONL names the others), then they stop; a server that fails to start is reported and left
-    out of the sweep, the others are still measured."""
+    """--interleave: the servers start on ports --port + i with --sleep-on-idle, each launched
+    once the one before has logged its memory pools and before that one is ready (their starts
+    overlap), each is checked, then one load test interleaves their levels (each server's JSONL
+    names the others), then they stop; a server that fails to start is reported and left out of
+    the sweep, the others are still measured."""
     sweep = ("--interleave", "--sweep", "1,2", "--sweep-requests", "1", "--sweep-tokens", "4")
-    assert _main(tmp_path, monkeypatch, "ar,dflash+stages,ddtree16+graphs", *sweep) == 0
+    memory = tmp_path / "memory.jsonl"
+    servers = "ar,dflash+stages,ddtree16+graphs"
+    assert (
+        _main(
+            tmp_path, monkeypatch, servers, *sweep, FAKE_START_S="3", FAKE_MEMORY_TIMES=str(memory)
+        )
+        == 0
+    )
     calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
     ports = [int(c["argv"][c["argv"].index("--port") + 1]) for c in calls]
     assert ports == [ports[0], ports[0] + 1, ports[0] + 2]
+    sized = {m["pid"]: m["t"] for m in map(json.loads, memory.read_text().splitlines())}
+    for before, after in zip(calls, calls[1:]):
+        assert sized[before["pid"]] < after["t"] < sized[before["pid"]] + 3  # not ready yet
+    results = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert all(r["start_s"] >= 3 for r in results)  # each from its own launch
     assert all("--sleep-on-idle" in c["argv"] for c in calls)
     results = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert [r["label"] for r in results] == ["ar", "dflash+stages", "ddtree16+graphs"]
