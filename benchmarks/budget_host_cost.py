@@ -1,14 +1,18 @@
 """``python -m benchmarks.budget_host_cost``: the host time a ``--speculative-adaptive`` DDTREE
-server adds to each decode step (CPU, no model runs).
+server adds to each decode step (no model runs; on the GPU when there is one).
 
-Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``)
-and, once the step's accepted node ids are on the host, sums them per measured budget
+Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``),
+queues a host copy of the step's accepted node ids (``budget.host_copy``: pinned memory, a
+non-blocking copy), and, once they are on the host, sums them per measured budget
 (``accepted_tokens_within``) and feeds the sums to the moving averages (``observe``). A fixed
-budget does none of this. On the tiny pair the step is launch-bound (about 3.3 ms at bs 1 on an
-H100, session 36), so this host time is step time. This times the three calls at each batch size on
-random walks of the tiny server's shape (verify width 64, accept width 16, the controller of
-``e2e/adaptive_budgets_tiny_h200.json``) and prints a table of median microseconds; ``--json``
-writes it.
+budget does none of this. On the tiny pair the step is launch-bound (about 3.5 ms at bs 1 on an
+H100), so this host time is step time: session 39 measured the adaptive server's steps 0.11-0.19
+ms longer than the fixed DDTREE(63)'s at the same budget (``e2e.tiny_bar``'s step rates
+0.945-0.981), where the CPU timing of choose, sums and observe said 11-19 µs. This times the four
+calls at each batch size on random walks of the tiny server's shape (verify width 64, accept width
+16, the controller of ``e2e/adaptive_budgets_tiny_h200.json``), the copy from ``--device`` (default:
+cuda when there is one) and the rest on the host as the scheduler runs them, and prints a table of
+median host microseconds; ``--json`` writes it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ import numpy as np
 import torch
 
 from benchmarks.timing import median_timer
-from sglang_spec.plugin.budget import BudgetController, BudgetPolicy, accepted_tokens_within
+from sglang_spec.plugin.budget import (
+    BudgetController,
+    BudgetPolicy,
+    accepted_tokens_within,
+    host_copy,
+)
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "e2e/adaptive_budgets_tiny_h200.json"
 
@@ -38,19 +47,27 @@ def walks(bs: int, width: int, accept_width: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def time_batch(policy: BudgetPolicy, bs: int, repeats: int) -> dict[str, float]:
-    """Median µs of each host call of one adaptive decode step at batch size ``bs``, on a step run
-    at the largest budget (it measures every nested candidate)."""
+def time_batch(
+    policy: BudgetPolicy, bs: int, repeats: int, device: torch.device
+) -> dict[str, float]:
+    """Median host µs of each call of one adaptive decode step at batch size ``bs``, on a step run
+    at the largest budget (it measures every nested candidate); the node ids copied from
+    ``device`` (the GPU's copies are queued, not waited for: the host's part of them)."""
     run = median_timer(torch.device("cpu"))
     width, accept_width = 64, 16
     ctl = BudgetController(policy, accept_width - 1, list(range(1, 33)))
     accepted = walks(bs, width, accept_width)
+    on_device = torch.from_numpy(accepted).to(device)
+    host = host_copy(on_device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     budget = max(policy.budgets)
     limits = ctl.measured_by(budget)
-    sums = accepted_tokens_within(accepted, width, limits)
+    sums = accepted_tokens_within(host.numpy(), width, limits)
     t = {
         "choose": run(lambda: ctl.choose(bs), repeats),
-        "sums": run(lambda: accepted_tokens_within(accepted, width, limits), repeats),
+        "copy": run(lambda: host_copy(on_device), repeats),
+        "sums": run(lambda: accepted_tokens_within(host.numpy(), width, limits), repeats),
         "observe": run(lambda: ctl.observe(budget, sums, bs), repeats),
     }
     t["total"] = sum(t.values())
@@ -62,6 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     ap.add_argument("--repeats", type=int, default=2000)
     ap.add_argument("--json", help="write the table here")
+    ap.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        choices=("cpu", "cuda"),
+        help="where the accepted node ids are copied from (default: cuda when there is one)",
+    )
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -74,19 +97,22 @@ def main(argv: list[str] | None = None) -> None:
             f"--batch-sizes {args.batch_sizes!r} / --repeats {args.repeats}: give sizes >= 1 "
             "and repeats >= 1"
         )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; valid: cpu")
+    device = torch.device(args.device)
     policy = BudgetPolicy.load(str(CONFIG))
     rows = []
-    print("| bs | choose µs | sums µs | observe µs | total µs |")
-    print("|---|---|---|---|---|")
+    calls = ("choose", "copy", "sums", "observe", "total")
+    print(f"host µs per adaptive decode step, node ids copied from {device.type}:")
+    print("| bs | " + " | ".join(f"{k} µs" for k in calls) + " |")
+    print("|---|" + "---|" * len(calls))
     for bs in sizes:
-        t = time_batch(policy, bs, args.repeats)
+        t = time_batch(policy, bs, args.repeats, device)
         rows.append({"bs": bs, **{f"{k}_us": round(v, 2) for k, v in t.items()}})
-        cells = " | ".join(f"{t[k]:.1f}" for k in ("choose", "sums", "observe", "total"))
-        print(f"| {bs} | {cells} |")
+        print(f"| {bs} | " + " | ".join(f"{t[k]:.1f}" for k in calls) + " |")
     if args.json:
-        pathlib.Path(args.json).write_text(
-            json.dumps({"config": CONFIG.name, "rows": rows}, indent=1)
-        )
+        out = {"config": CONFIG.name, "device": device.type, "rows": rows}
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -560,8 +560,31 @@ def test_the_host_cost_benchmark_times_valid_walks_and_refuses_bad_sizes(tmp_pat
         assert path[0] == 0 and np.all(np.diff(path) > 0) and path[-1] < 64
         assert np.all(row[len(path) :] == -1)
     assert accepted_tokens_within(w, 64, [0, 63]) == [5, int((w >= 0).sum())]
-    main(["--batch-sizes", "1,3", "--repeats", "3", "--json", str(tmp_path / "t.json")])
-    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
-    assert [r["bs"] for r in rows] == [1, 3] and all(r["total_us"] > 0 for r in rows)
+    out = tmp_path / "t.json"
+    main(["--batch-sizes", "1,3", "--repeats", "3", "--json", str(out), "--device", "cpu"])
+    table = json.loads(out.read_text())
+    rows = table["rows"]
+    assert table["device"] == "cpu" and [r["bs"] for r in rows] == [1, 3]
+    calls = ("choose", "copy", "sums", "observe")
+    for r in rows:
+        assert all(r[f"{k}_us"] > 0 for k in calls)
+        assert r["total_us"] == pytest.approx(sum(r[f"{k}_us"] for k in calls), abs=0.03)
     with pytest.raises(SystemExit, match="--batch-sizes '0'"):
         main(["--batch-sizes", "0"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: no CUDA device here; valid: cpu"):
+            main(["--device", "cuda"])
+
+
+def test_the_host_copy_is_a_copy_the_sums_read():
+    """budget.host_copy: the node ids' values in new host storage (pinned only for a GPU source),
+    which accepted_tokens_within reads as it reads the ids."""
+    from sglang_spec.plugin.budget import host_copy
+
+    ids = torch.tensor([[0, 3, 9, -1], [64, 70, -1, -1]], dtype=torch.int32)
+    host = host_copy(ids)
+    assert torch.equal(host, ids) and host.data_ptr() != ids.data_ptr()
+    assert host.dtype == ids.dtype and not host.is_pinned()
+    ids[0, 1] = 5  # the source moves on (the next step): the copy keeps this step's ids
+    assert host[0, 1] == 3
+    assert accepted_tokens_within(host.numpy(), 64, [3, 63]) == [3, 5]

@@ -79,7 +79,7 @@ from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 import sglang_spec.plugin.adapter as adapter
 import sglang_spec.plugin.draft_sampler as draft_sampler
-from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within
+from sglang_spec.plugin.budget import BudgetController, accepted_tokens_within, host_copy
 from sglang_spec.plugin.commit_graphs import CommitGraphs, CommitShape
 from sglang_spec.plugin.config import (
     SYNC_WARNING,
@@ -385,12 +385,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def measure_budgets(self, accept_index: torch.Tensor, batch_size: int) -> None:
         """Queue this step's accepted node ids ``[bs, L + 1]`` for the controller: one copy to
-        pinned host memory in stream order (no sync). Summing them per measured budget on the
-        device took about ten launches a step; ``on_verify_complete_cpu`` sums the host copy."""
-        host = torch.empty(
-            accept_index.shape, dtype=accept_index.dtype, pin_memory=accept_index.is_cuda
-        )
-        host.copy_(accept_index, non_blocking=True)
+        pinned host memory in stream order (``budget.host_copy``, no sync);
+        ``on_verify_complete_cpu`` sums the host copy."""
+        host = host_copy(accept_index)
         self.measured.append((self.config.budget, self.config.verify_width, host, batch_size))
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the node ids kept by measure_budgets carry more
