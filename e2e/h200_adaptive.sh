@@ -24,9 +24,14 @@
 #            the adaptive server's log shows its per-width verify states; then prints issue 15's
 #            tiny-bar verdict (python -m e2e.tiny_bar). INTERLEAVED_LIMIT_S (560) counts from this
 #            script's start, not the call's: after `source .gpu-kit/setup.sh` on a fresh machine pass
-#            INTERLEAVED_LIMIT_S=$((570 - SECONDS)) from the call's shell (session 37's call 1 hit the
-#            device's limit first, and its server outlived the call).
+#            INTERLEAVED_LIMIT_S=$((540 - SECONDS)) from the call's shell, leaving time for the verdict
+#            and PACK_OUT (session 37's call 1 hit the device's limit first, and its server outlived
+#            the call).
 # PIN_CPUS=1: --pin-cpus (each server on its own block of physical cores, the harness on the last).
+# ADAPTIVE_FIRST=1 (interleaved): the adaptive server first in the list, so on the first CPU block and
+# first in the level rotation (session 39: both calls had it last, on CPUs 10-12, and its steps were
+# 2-10 % slower than the fixed DDTREE(63)'s at the same budget; swapping the blocks tells its own
+# cost from its block's).
 # PACK_OUT=1 (on the device): at the end $OUT holds one file, all.tar.xz, with everything the parts
 # wrote (`tar xJf all.tar.xz` here): a call returns at most 8 files (session 38 lost a sweep).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
@@ -102,9 +107,12 @@ sys.exit(0 if any(r["label"].startswith("ar") and r["ok"] for r in json.load(ope
   tail -n 30 "$OUT/adaptive.log"
 fi
 if [[ " $PARTS " == *" interleaved "* ]]; then
+  fixed_servers=${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}}
+  interleaved_servers=$fixed_servers,ddtree63${MODS}+adaptive
+  [ -n "${ADAPTIVE_FIRST:-}" ] && interleaved_servers=ddtree63${MODS}+adaptive,$fixed_servers
   timeout "${INTERLEAVED_LIMIT_S:-560}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
     "${common[@]}" --interleave \
-    --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}},ddtree63${MODS}+adaptive" \
+    --servers "$interleaved_servers" \
     --adaptive-config "${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/interleaved.log" 2>&1
   status=$?
   echo "interleaved rc $status" | tee -a "$OUT/interleaved.log"
@@ -116,7 +124,9 @@ if [[ " $PARTS " == *" interleaved "* ]]; then
 fi
 if [ -n "${PACK_OUT:-}" ]; then
   pack=$(mktemp -d)
-  tar cJf "$pack/all.tar.xz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$pack/all.tar.xz" "$OUT/" || rc=1
+  # xz -1 on every core: session 39's call lost everything when a single-threaded xz -6 of the
+  # interleaved run's files outlasted the 35 s left before the device's limit
+  tar cf - -C "$OUT" . | xz -1 -T0 >"$pack/all.tar.xz" && rm -rf "${OUT:?}"/* && mv "$pack/all.tar.xz" "$OUT/" || rc=1
   rmdir "$pack"
 fi
 exit $rc

@@ -162,6 +162,10 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
     rc, calls = run(tmp_path, e2e, PARTS="interleaved", FIXED_SERVERS="dflash+graphs+stages")
     argv = calls[-2].split()
     assert argv[argv.index("--servers") + 1] == f"dflash+graphs+stages,ddtree63{mods}+adaptive"
+    first = {"FIXED_SERVERS": "dflash+graphs,ar+graphs", "ADAPTIVE_FIRST": "1"}
+    rc, calls = run(tmp_path, e2e, PARTS="interleaved", **first)
+    argv = calls[-2].split()
+    assert argv[argv.index("--servers") + 1] == f"ddtree63{mods}+adaptive,dflash+graphs,ar+graphs"
     assert argv[argv.index("--adaptive-config") + 1].endswith("e2e/adaptive_budgets_tiny.json")
 
 
@@ -175,6 +179,6 @@ def test_pack_out_leaves_one_archive_with_everything_the_parts_wrote(tmp_path):
     rc, _ = run(tmp_path, e2e, PARTS="fixed", PACK_OUT="1")
     assert rc == 0
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["all.tar.xz"]
-    with tarfile.open(tmp_path / "out" / "all.tar.xz") as tar:
+    with tarfile.open(tmp_path / "out" / "all.tar.xz", "r:xz") as tar:
         names = {n.removeprefix("./") for n in tar.getnames()}
     assert {"fixed/e2e.json", "fixed.log"} <= names, names
