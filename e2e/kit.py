@@ -623,7 +623,9 @@ class Server:
         on the GPU may start then. SGLang sizes a server's KV and GDN state pools from the GPU
         memory free when it starts loading and when it profiles, so two servers profiling at once
         would each count the other's memory as free; what a server allocates after its pools (CUDA
-        graphs, some hundred MB) only shrinks the next one's pools by as much."""
+        graphs, some hundred MB) only shrinks the next one's pools by as much. A speculative
+        server logs the line for its target's pools and, within the second, its drafter's; the
+        next server imports SGLang for about 20 s before it measures anything."""
         try:
             while time.monotonic() - self._t0 < self.start_timeout and self.proc.poll() is None:
                 if MEMORY_SIZED in self.log_text() or health_ok(self.url + "/health", timeout=1):

@@ -30,8 +30,9 @@ With ``--sweep 1,2,4,...`` it also load-tests each server (``loadtests.sweep``) 
 comparison report and plots (``loadtests.compare``) under ``<out>/report``.
 With ``--interleave`` every server stays up at once (on ports ``--port`` + i, with
 ``--sleep-on-idle``; every ``+patched`` applied before the first starts; each launched as soon as
-the one before has sized its memory pools, so that their starts overlap), each is checked in turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a
-``--base-url`` per server): a launch-bound tiny server's level moved by up to 1.4x between passes
+the one before has sized its memory pools, so that their starts overlap), each is checked in
+turn, and ONE load test interleaves their levels (``loadtests.sweep`` with a ``--base-url`` per
+server): a launch-bound tiny server's level moved by up to 1.4x between passes
 a minute apart (session 25), so servers measured one after the other cannot be told apart within
 5 %, and interleaved ones can. With ``--pin-cpus`` each server's processes run on a block of whole
 physical cores of their own, its scheduler on the block's first core alone once it is up
