@@ -28,10 +28,10 @@
 #            and PACK_OUT (session 37's call 1 hit the device's limit first, and its server outlived
 #            the call).
 # PIN_CPUS=1: --pin-cpus (each server on its own block of physical cores, the harness on the last).
-# ADAPTIVE_FIRST=1 (interleaved): the adaptive server first in the list, so on the first CPU block and
-# first in the level rotation (session 39: both calls had it last, on CPUs 10-12, and its steps were
-# 2-10 % slower than the fixed DDTREE(63)'s at the same budget; swapping the blocks tells its own
-# cost from its block's).
+# ROTATE_CPUS=1 (with PIN_CPUS, interleaved): --rotate-cpus, every server moved to the next server's
+# CPU block before each pass, so that each runs on every block (session 39: the adaptive server sat
+# on CPUs 10-12 in both calls and its steps were 2-10 % slower than the fixed DDTREE(63)'s at the
+# same budget; its own cost or its block's).
 # PACK_OUT=1 (on the device): at the end $OUT holds one file, all.tar.xz, with everything the parts
 # wrote (`tar xJf all.tar.xz` here): a call returns at most 8 files (session 38 lost a sweep).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
@@ -107,12 +107,12 @@ sys.exit(0 if any(r["label"].startswith("ar") and r["ok"] for r in json.load(ope
   tail -n 30 "$OUT/adaptive.log"
 fi
 if [[ " $PARTS " == *" interleaved "* ]]; then
-  fixed_servers=${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}}
-  interleaved_servers=$fixed_servers,ddtree63${MODS}+adaptive
-  [ -n "${ADAPTIVE_FIRST:-}" ] && interleaved_servers=ddtree63${MODS}+adaptive,$fixed_servers
+  rotate=()
+  [ -n "${ROTATE_CPUS:-}" ] && rotate=(--rotate-cpus)
   timeout "${INTERLEAVED_LIMIT_S:-560}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
     "${common[@]}" --interleave \
-    --servers "$interleaved_servers" \
+    --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}},ddtree63${MODS}+adaptive" \
+    "${rotate[@]}" \
     --adaptive-config "${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/interleaved.log" 2>&1
   status=$?
   echo "interleaved rc $status" | tee -a "$OUT/interleaved.log"

@@ -525,6 +525,19 @@ def scheduler_pid(pgid: int, proc: Path = Path("/proc")) -> int | None:
     return _scheduler_in(group_titles(pgid, proc))
 
 
+def move_group(
+    pgid: int, cpus: frozenset[int], sysfs: Path = SYSFS_CPU, proc: Path = Path("/proc")
+) -> int | None:
+    """Every thread of server group ``pgid`` onto the block ``cpus``, then its scheduler onto the
+    block's first core alone (:func:`pin_scheduler`, which returns): a running server moved to
+    another block (``e2e.tiny_pair --rotate-cpus``)."""
+    for pid in group_pids(pgid, proc):
+        for task in (proc / str(pid) / "task").glob("[0-9]*"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), cpus)
+    return pin_scheduler(pgid, cpus, sysfs, proc)
+
+
 def pin_scheduler(
     pgid: int, cpus: frozenset[int], sysfs: Path = SYSFS_CPU, proc: Path = Path("/proc")
 ) -> int | None:

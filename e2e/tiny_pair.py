@@ -39,6 +39,8 @@ physical cores of their own, its scheduler on the block's first core alone once 
 (``kit.pin_scheduler``), and the harness (with its load test) on the last block
 (``kit.cpu_blocks``): session 31's stage timer saw every server's loop period move 1.8x between
 runs of steps, the host's Python slowing as a whole, which no level interleaving averages out.
+``--rotate-cpus`` then moves every server to the next server's block before each pass of the
+sweep (``kit.move_group``), so that a slower core weighs on every server alike.
 With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
 :mod:`e2e.slots` (N concurrent streams, a quarter aborted mid-stream, the KV and mamba pools' free
 counts before = after, a clean log; the servers get ``--enable-metrics``), prints its table, writes
@@ -267,7 +269,9 @@ def _interleave(servers, prompts, args, results: list[dict], running: list) -> N
                 finish(res, srv, args)
         try:
             if args.sweep and running:
-                load_test([(res["label"], srv) for res, srv in running], args)
+                moved = load_test([(res["label"], srv) for res, srv in running], args)
+                for (res, _), blocks in zip(running, moved or []):
+                    res["cpus_by_pass"] = blocks
         except HARNESS_ERRORS as e:
             for res, _ in running:
                 res["error"] = f"interleaved load test: {kit.http_error_text(e)}"
@@ -401,12 +405,15 @@ def profile(srv: kit.Server, label: str, prompts: list[str], c: int, args) -> di
     return {"concurrency": c, "status": "ok", "run_batch_ms": summary["host_time"]["median_ms"]}
 
 
-def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
+def load_test(servers: list[tuple[str, kit.Server]], args) -> list[list[list[int]]] | None:
     """Closed-loop load test (loadtests/), one JSONL per server under ``<out>/sweeps``; several
     servers: one sweep with their levels interleaved. Each level records the host's counters and
     those of its server's decode loop (``--watch-pid``, loadtests/host_counters.py) when every
     server's scheduler was found, and the time of a fixed piece of CPython work on the harness's
-    CPUs (``--cpu-probe``, loadtests/cpu_probe.py)."""
+    CPUs (``--cpu-probe``, loadtests/cpu_probe.py). With ``--rotate-cpus`` one sweep a pass of
+    ``--sweep`` (:func:`sweep_passes`), each server moved before it to the block ``passes`` further
+    on among the servers' blocks (``kit.move_group``); returns each server's blocks, pass by pass
+    (None without rotation)."""
     os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
     watch = all(srv.scheduler_pid is not None for _, srv in servers)
     each = []
@@ -414,30 +421,54 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> None:
         each += ["--base-url", srv.url, "--label", label, "--output"]
         each.append(os.path.join(args.out, "sweeps", f"{_slug(label)}.jsonl"))
         each += ["--watch-pid", str(srv.scheduler_pid)] if watch else []
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadtests.sweep",
-            *each,
-            "--api",
-            "generate",
-            "--prompts",
-            args.prompts or "heldout",
-            "--concurrency",
-            args.sweep,
-            "--requests-per-concurrency",
-            str(args.sweep_requests),
-            "--min-requests",
-            str(2 * args.sweep_requests),
-            "--max-new-tokens",
-            str(args.sweep_tokens),
-            "--ignore-eos",
-            "--no-progress",
-            "--cpu-probe",
-        ],
-        check=True,
-    )
+    sweep = [
+        sys.executable,
+        "-m",
+        "loadtests.sweep",
+        *each,
+        "--api",
+        "generate",
+        "--prompts",
+        args.prompts or "heldout",
+        "--requests-per-concurrency",
+        str(args.sweep_requests),
+        "--min-requests",
+        str(2 * args.sweep_requests),
+        "--max-new-tokens",
+        str(args.sweep_tokens),
+        "--ignore-eos",
+        "--no-progress",
+        "--cpu-probe",
+    ]
+    if not args.rotate_cpus:
+        subprocess.run([*sweep, "--concurrency", args.sweep], check=True)
+        return None
+    blocks = args.cpu_blocks[:-1]  # the servers' (the last is the harness's)
+    moved: list[list[list[int]]] = [[] for _ in servers]
+    for k, levels in enumerate(sweep_passes(args.sweep)):
+        for i, (_, srv) in enumerate(servers):
+            block = blocks[(blocks.index(srv.cpus) + k) % len(blocks)]
+            kit.move_group(srv.proc.pid, block)
+            moved[i].append(sorted(block))
+        where = "; ".join(
+            f"{label}: {_cpus_text(frozenset(m[-1]))}" for (label, _), m in zip(servers, moved)
+        )
+        print(f"pass {k + 1} (C = {levels}) on CPUs {where}", flush=True)
+        subprocess.run([*sweep, "--concurrency", levels], check=True)
+    return moved
+
+
+def sweep_passes(levels: str) -> list[str]:
+    """``--sweep``'s passes: a new one starts at each level not above the one before
+    (``1,2,4,1,2,4`` -> ``1,2,4`` twice, as e2e/h200_adaptive.sh's SWEEP_PASSES repeats SWEEP)."""
+    passes: list[list[str]] = []
+    last = None
+    for c in levels.split(","):
+        if last is None or int(c) <= last:
+            passes.append([])
+        passes[-1].append(c)
+        last = int(c)
+    return [",".join(p) for p in passes]
 
 
 def read_server_info(res, srv) -> None:
@@ -618,6 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         "the last: no server's scheduler shares a core with another process, and none migrates",
     )
     ap.add_argument(
+        "--rotate-cpus",
+        action="store_true",
+        help="with --pin-cpus, --interleave and --sweep: before each pass of --sweep (a new one "
+        "starts at each level not above the last) move server i to the block (i + pass) among "
+        "the servers' blocks, so that every server runs on every block and one slower core "
+        "weighs on all alike (session 39: the adaptive server sat on the same block in both runs)",
+    )
+    ap.add_argument(
         "--adaptive-config",
         help="--speculative-adaptive-config FILE of the +adaptive servers (budget by batch size)",
     )
@@ -658,6 +697,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise kit.HarnessError(f"server {spec!r}: +adaptive needs --adaptive-config FILE")
         if args.adaptive_config is not None and not os.path.isfile(args.adaptive_config):
             raise kit.HarnessError(f"--adaptive-config {args.adaptive_config}: no such file")
+        if args.rotate_cpus and not (args.pin_cpus and args.interleave and args.sweep):
+            raise kit.HarnessError(
+                "--rotate-cpus moves pinned servers between the passes of an interleaved sweep; "
+                "valid with --pin-cpus, --interleave and --sweep"
+            )
         if args.interleave and len(set(specs)) < len(specs):
             raise kit.HarnessError(f"--interleave needs distinct servers; got {args.servers}")
         if args.abort_check < 0 or (args.abort_check and args.abort_check < slots.ABORT_EVERY):

@@ -16,7 +16,8 @@ returns that pool's slots), ``FAKE_ABORT_TRACEBACK`` (an abort logs a traceback)
 ``FAKE_PREFILL_MS`` (time per prefill round of a batched ``/generate``, before its steps),
 ``FAKE_START_S`` (seconds between its "Memory pool end" line and its readiness: the CUDA graph
 captures of a real start), ``FAKE_MEMORY_TIMES`` (a file each start appends its pid and the time of
-that line to), ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
+that line to), ``FAKE_FLUSHES`` (a file each ``/flush_cache`` appends the server's and its
+scheduler's CPUs to), ``FAKE_START_TRACEBACK`` (a traceback at start-up, as SGLang's post-warm-up ``/freeze_gc`` call logs
 on the H200 kit), ``FAKE_START_LINE`` (a line logged at start-up, as a plugin's print); with ``SGLANG_DDTREE_SYNC_CHECK=warn`` a DDTREE server logs torch's sync warning
 once. ``/abort_request`` aborts every stream whose rid starts with the given one, as
 SGLang 0.5.23's scheduler does. With ``--speculative-adaptive`` the first batch of each size logs
@@ -152,6 +153,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/flush_cache":
+            if os.environ.get("FAKE_FLUSHES"):  # where its processes run at each level's start
+                cpus = {
+                    "server": os.sched_getaffinity(0),
+                    "sched": os.sched_getaffinity(SCHEDULER.pid),
+                }
+                with LOG_LOCK, open(os.environ["FAKE_FLUSHES"], "a") as f:
+                    f.write(
+                        json.dumps({"pid": os.getpid(), **{k: sorted(v) for k, v in cpus.items()}})
+                        + "\n"
+                    )
             return self._send(200, {})
         if self.path == "/abort_request":
             ABORTED.add(body["rid"])

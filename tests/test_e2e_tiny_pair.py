@@ -124,6 +124,48 @@ def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(tmp_path, mo
     )
 
 
+def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
+    tmp_path, monkeypatch, capsys
+):
+    """--rotate-cpus: one sweep a pass of --sweep (a pass starts at each level not above the one
+    before), and before pass k server i runs, its whole process group, on the servers' block
+    (i + k); e2e.json lists each server's blocks by pass. Without --pin-cpus, --interleave and
+    --sweep it is refused before anything starts."""
+    cpus = sorted(os.sched_getaffinity(0))
+    first, second = cpus[:1], cpus[-1:]
+    blocks = [frozenset(first), frozenset(second), frozenset(cpus)]
+    monkeypatch.setattr(kit, "cpu_blocks", lambda _n: blocks)
+    flushes = tmp_path / "flushes.jsonl"
+    sweep = ("--sweep", "1,2,1,2,1", "--sweep-requests", "1", "--sweep-tokens", "4")
+    flags = ("--interleave", "--pin-cpus", "--rotate-cpus", *sweep)
+    try:
+        assert (
+            _main(tmp_path, monkeypatch, "dflash,ddtree16", *flags, FAKE_FLUSHES=str(flushes)) == 0
+        )
+    finally:
+        os.sched_setaffinity(0, cpus)
+    calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    seen: dict[int, list] = {c["pid"]: [] for c in calls}
+    for f in map(json.loads, flushes.read_text().splitlines()):
+        seen[f["pid"]].append((f["server"], f["sched"]))
+    want = [[first] * 2 + [second] * 2 + [first], [second] * 2 + [first] * 2 + [second]]
+    for call, blocks_wanted in zip(calls, want, strict=True):
+        levels = seen[call["pid"]][-5:]  # the sweep's five levels, after any check's flushes
+        assert [w for w, _ in levels] == blocks_wanted == [s for _, s in levels]
+    runs = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert [r["cpus_by_pass"] for r in runs] == [[first, second, first], [second, first, second]]
+    out = capsys.readouterr().out
+    assert f"pass 2 (C = 1,2) on CPUs dflash: {second[0]}; ddtree16: {first[0]}" in out
+    for name in ("dflash.jsonl", "ddtree16.jsonl"):
+        lines = (tmp_path / "out" / "sweeps" / name).read_text().splitlines()
+        assert [json.loads(ln)["max_concurrency"] for ln in lines] == [1, 2, 1, 2, 1]
+    assert tiny_pair.sweep_passes("1,2,4,1,2,4,4,1") == ["1,2,4", "1,2,4", "4", "1"]
+    for extra in (sweep, ("--interleave", *sweep), ("--pin-cpus", "--interleave")):
+        assert _main(tmp_path / "refused", monkeypatch, "dflash", "--rotate-cpus", *extra) == 2
+        assert "valid with --pin-cpus, --interleave and --sweep" in capsys.readouterr().err
+    assert not (tmp_path / "refused" / "calls.jsonl").exists()
+
+
 def test_sync_warnings_are_recorded(tmp_path, monkeypatch):
     """SGLANG_DDTREE_SYNC_CHECK=warn: torch's warning lines from the server log land in e2e.json
     (a passing server's log is deleted)."""

@@ -162,10 +162,10 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
     rc, calls = run(tmp_path, e2e, PARTS="interleaved", FIXED_SERVERS="dflash+graphs+stages")
     argv = calls[-2].split()
     assert argv[argv.index("--servers") + 1] == f"dflash+graphs+stages,ddtree63{mods}+adaptive"
-    first = {"FIXED_SERVERS": "dflash+graphs,ar+graphs", "ADAPTIVE_FIRST": "1"}
-    rc, calls = run(tmp_path, e2e, PARTS="interleaved", **first)
+    assert "--rotate-cpus" not in argv
+    rc, calls = run(tmp_path, e2e, PARTS="interleaved", PIN_CPUS="1", ROTATE_CPUS="1")
     argv = calls[-2].split()
-    assert argv[argv.index("--servers") + 1] == f"ddtree63{mods}+adaptive,dflash+graphs,ar+graphs"
+    assert "--rotate-cpus" in argv and "--pin-cpus" in argv
     assert argv[argv.index("--adaptive-config") + 1].endswith("e2e/adaptive_budgets_tiny.json")
 
 
