@@ -26,7 +26,9 @@
 #            script's start, not the call's: after `source .gpu-kit/setup.sh` on a fresh machine pass
 #            INTERLEAVED_LIMIT_S=$((540 - SECONDS)) from the call's shell, leaving time for the verdict
 #            and PACK_OUT (session 37's call 1 hit the device's limit first, and its server outlived
-#            the call).
+#            the call). The run gets --time-limit 5 s under it: its sweep starts no concurrency in
+#            the last 60 s, so it stops its servers and writes its results itself (session 39's
+#            runs were killed mid-pass, every server marked interrupted); `timeout` stays as the net.
 # PIN_CPUS=1: --pin-cpus (each server on its own block of physical cores, the harness on the last).
 # ROTATE_CPUS=1 (with PIN_CPUS, interleaved): --rotate-cpus, every server moved to the next server's
 # CPU block before each pass, so that each runs on every block (session 39: the adaptive server sat
@@ -110,7 +112,7 @@ if [[ " $PARTS " == *" interleaved "* ]]; then
   rotate=()
   [ -n "${ROTATE_CPUS:-}" ] && rotate=(--rotate-cpus)
   timeout "${INTERLEAVED_LIMIT_S:-560}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
-    "${common[@]}" --interleave \
+    "${common[@]}" --interleave --time-limit "$((${INTERLEAVED_LIMIT_S:-560} - 5))" \
     --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}},ddtree63${MODS}+adaptive" \
     "${rotate[@]}" \
     --adaptive-config "${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/interleaved.log" 2>&1

@@ -75,6 +75,10 @@ from sglang_spec.serving.configs import ServerConfig
 from sglang_spec.serving.launch import DEFAULT_LAUNCHER
 
 CONFIGS = "tiny-pair/"  # server_configs/tiny-pair/<algorithm>.yaml
+# --time-limit: the sweep starts no concurrency later than this before the limit, leaving time for
+# one concurrency's levels (the tiny pair's longest, AR at C = 32, took 5 s a server in session 39),
+# the abort checks, stopping the servers (11 s for four) and the results
+SWEEP_RESERVE_S = 60.0
 DEFAULT_PROMPTS = [
     "def fibonacci(n):",
     'import os\n\ndef list_python_files(root):\n    """Return every .py file under root."""\n',
@@ -440,12 +444,17 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> list[list[list[int
         "--no-progress",
         "--cpu-probe",
     ]
+    if args.stop_at is not None:
+        sweep += ["--stop-at", f"{args.stop_at:.1f}"]
     if not args.rotate_cpus:
         subprocess.run([*sweep, "--concurrency", args.sweep], check=True)
         return None
     blocks = args.cpu_blocks[:-1]  # the servers' (the last is the harness's)
     moved: list[list[list[int]]] = [[] for _ in servers]
     for k, levels in enumerate(sweep_passes(args.sweep)):
+        if args.stop_at is not None and time.time() >= args.stop_at:
+            print(f"--time-limit: passes {k + 1} on not run", flush=True)
+            break
         for i, (_, srv) in enumerate(servers):
             block = blocks[(blocks.index(srv.cpus) + k) % len(blocks)]
             kit.move_group(srv.proc.pid, block)
@@ -649,6 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         "the last: no server's scheduler shares a core with another process, and none migrates",
     )
     ap.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="this run's limit from its start (a device call's time left, as `timeout` gets "
+        f"it): its sweep starts no concurrency later than {SWEEP_RESERVE_S:.0f} s before it "
+        "(loadtests.sweep --stop-at), so that the run stops its servers and writes its results "
+        "itself instead of being killed mid-pass",
+    )
+    ap.add_argument(
         "--rotate-cpus",
         action="store_true",
         help="with --pin-cpus, --interleave and --sweep: before each pass of --sweep (a new one "
@@ -689,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--launcher", default=DEFAULT_LAUNCHER, help="server command prefix ({python} = this one)"
     )
+    started = time.time()  # --time-limit counts from here
     args = ap.parse_args(argv)
     try:
         specs = args.servers.split(",")
@@ -697,6 +716,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise kit.HarnessError(f"server {spec!r}: +adaptive needs --adaptive-config FILE")
         if args.adaptive_config is not None and not os.path.isfile(args.adaptive_config):
             raise kit.HarnessError(f"--adaptive-config {args.adaptive_config}: no such file")
+        if args.time_limit is not None and not args.interleave:
+            raise kit.HarnessError(
+                f"--time-limit {args.time_limit:g} ends the one interleaved sweep; valid with "
+                "--interleave"
+            )
+        if args.time_limit is not None and args.time_limit <= SWEEP_RESERVE_S:
+            raise kit.HarnessError(
+                f"--time-limit {args.time_limit:g}: give more than {SWEEP_RESERVE_S:.0f} s (the "
+                "sweep stops that long before it)"
+            )
+        args.stop_at = (
+            None if args.time_limit is None else started + args.time_limit - SWEEP_RESERVE_S
+        )
         if args.rotate_cpus and not (args.pin_cpus and args.interleave and args.sweep):
             raise kit.HarnessError(
                 "--rotate-cpus moves pinned servers between the passes of an interleaved sweep; "

@@ -26,7 +26,8 @@ ratios hold where their absolute figures do not. Each server's levels go to its 
 tagged with the labels of the servers it was interleaved with.
 
 Robustness: every request has a timeout (``--request-timeout``); HTTP/SSE errors and timeouts are
-counted per level, never fatal; issuing stops at ``--max-level-seconds``; Ctrl-C (or SIGTERM) stops
+counted per level, never fatal; issuing stops at ``--max-level-seconds``; no concurrency starts
+after ``--stop-at`` (a wall-clock time: a caller's hard limit), and one that started runs whole; Ctrl-C (or SIGTERM) stops
 issuing, cancels the requests in flight, writes the partial level with ``"interrupted": true`` and exits
 130 (a second Ctrl-C aborts at once). Only loopback hosts are accepted unless ``--allow-remote``.
 """
@@ -130,6 +131,7 @@ class SweepConfig:
     min_requests: int = 16
     duration: float | None = None
     max_level_seconds: float = 1800.0
+    stop_at: float | None = None  # no concurrency starts at or after this time.time() (--stop-at)
     temperature: float = 0.0
     top_p: float = 1.0
     ignore_eos: bool = False
@@ -272,6 +274,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="hard cap on issuing time per level",
     )
     p.add_argument(
+        "--stop-at",
+        type=positive_float,
+        metavar="EPOCH_S",
+        help="start no concurrency at or after this wall-clock time (seconds since the epoch, as "
+        "`date +%%s` prints); the levels of a concurrency started before it all run: a caller "
+        "with a hard time limit (a device call) ends its sweep whole",
+    )
+    p.add_argument(
         "--max-new-tokens", type=positive_int, default=256, help="output tokens per request"
     )
     p.add_argument(
@@ -383,6 +393,7 @@ def config_from_args(a: argparse.Namespace) -> SweepConfig:
         min_requests=a.min_requests,
         duration=a.duration,
         max_level_seconds=a.max_level_seconds,
+        stop_at=a.stop_at,
         temperature=a.temperature,
         top_p=a.top_p,
         ignore_eos=a.ignore_eos,
@@ -615,7 +626,9 @@ async def run_sweep(
     probe: cpu_probe.CpuProbe | None = None,
 ) -> list[dict]:
     """Every target's levels, interleaved; ``gpu`` (GPU 0's clocks, NVML) and ``probe`` (the
-    host's CPU, ``--cpu-probe``) are read around every level, whichever server it is."""
+    host's CPU, ``--cpu-probe``) are read around every level, whichever server it is. No
+    concurrency starts once the clock has passed ``--stop-at``; one started runs every server's
+    level."""
     interrupt = interrupt or Interrupt()
     stop = interrupt.event
     records: list[dict] = []
@@ -627,11 +640,23 @@ async def run_sweep(
         for t in targets:
             await _warm_up(s, t.cfg, prompts, stop)
         for i, c in enumerate(levels):
+            if past(targets[0].cfg.stop_at):
+                print(
+                    f"[sweep] --stop-at reached: the levels from the {i + 1}-th (C = {c}) on are "
+                    "not run",
+                    file=sys.stderr,
+                )
+                break
             for t in interleaved(targets, i):
                 if stop.is_set():
                     break
                 records.append(await _run_recorded_level(s, t, c, prompts, stop, gpu, probe))
     return records
+
+
+def past(stop_at: float | None) -> bool:
+    """Whether the wall clock has reached ``stop_at`` (``--stop-at``; None: never)."""
+    return stop_at is not None and time.time() >= stop_at
 
 
 async def _warm_up(s, cfg: SweepConfig, prompts: list[str], stop: asyncio.Event) -> None:
@@ -801,6 +826,8 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
         print(f"[sweep] wrote {n} level record(s) to {t.output}", file=sys.stderr)
     if interrupt.count:
         return 130
+    if not records and past(cfg.stop_at):  # asked to start nothing more: not a failure
+        return 0
     return 0 if any(r["completed"] for r in records) else 1
 
 

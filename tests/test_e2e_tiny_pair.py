@@ -166,6 +166,39 @@ def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
     assert not (tmp_path / "refused" / "calls.jsonl").exists()
 
 
+def test_a_time_limit_ends_the_sweep_itself_before_it(tmp_path, monkeypatch, capsys):
+    """--time-limit T: the interleaved sweep starts no concurrency later than SWEEP_RESERVE_S
+    before T (loadtests.sweep --stop-at), and the run ends on its own: every server checked and
+    ok. Here T leaves 1 s past the reserve, gone before the sweep begins: no level runs (with
+    --rotate-cpus, no pass), and a roomy T runs them all. Refused without --interleave or at
+    most the reserve."""
+    sweep = ("--interleave", "--sweep", "1,2", "--sweep-requests", "1", "--sweep-tokens", "4")
+    tight = str(tiny_pair.SWEEP_RESERVE_S + 1)
+    assert _main(tmp_path, monkeypatch, "ar,dflash", *sweep, "--time-limit", tight) == 0
+    runs = json.loads((tmp_path / "out" / "e2e.json").read_text())
+    assert all(r["ok"] for r in runs) and len(runs[1]["greedy"]) == 2
+    assert not list((tmp_path / "out" / "sweeps").glob("*.jsonl"))
+    cpus = sorted(os.sched_getaffinity(0))
+    blocks = [frozenset(cpus[:1]), frozenset(cpus[-1:]), frozenset(cpus)]
+    monkeypatch.setattr(kit, "cpu_blocks", lambda _n: blocks)
+    rotated = ("--pin-cpus", "--rotate-cpus", "--time-limit", tight)
+    try:
+        assert _main(tmp_path / "rot", monkeypatch, "ar,dflash", *sweep, *rotated) == 0
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert "--time-limit: passes 1 on not run" in capsys.readouterr().out
+    assert _main(tmp_path / "roomy", monkeypatch, "ar,dflash", *sweep, "--time-limit", "600") == 0
+    levels = (tmp_path / "roomy" / "out" / "sweeps" / "dflash.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["max_concurrency"] for ln in levels] == [1, 2]
+    for extra, message in (
+        (("--time-limit", "600"), "valid with --interleave"),
+        (("--interleave", "--time-limit", "60"), "give more than 60 s"),
+    ):
+        assert _main(tmp_path / "refused", monkeypatch, "dflash", *extra) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "refused" / "calls.jsonl").exists()
+
+
 def test_sync_warnings_are_recorded(tmp_path, monkeypatch):
     """SGLANG_DDTREE_SYNC_CHECK=warn: torch's warning lines from the server log land in e2e.json
     (a passing server's log is deleted)."""

@@ -151,6 +151,7 @@ def test_interleaved_part_runs_every_server_at_once_and_needs_the_adaptive_ones_
     assert calls[1].split()[:3] == ["-m", "e2e.tiny_bar", str(tmp_path / "out/interleaved/sweeps")]
     argv = calls[0].split()
     assert "--interleave" in argv and "speculative-adaptive" not in argv
+    assert argv[argv.index("--time-limit") + 1] == "555"  # 5 s under INTERLEAVED_LIMIT_S (560)
     assert argv[argv.index("--servers") + 1].split(",") == [
         "ar+graphs",
         "dflash+graphs",

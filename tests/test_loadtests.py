@@ -636,6 +636,48 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     assert all("interleaved_with" not in r for r in _levels_of_one_server(tmp_path, pf))
 
 
+def test_no_concurrency_starts_after_stop_at_and_a_started_one_runs_whole(tmp_path, monkeypatch):
+    """--stop-at: the clock checked before each concurrency; here it passes during DFLASH's level
+    at C = 2, the first of that concurrency, so AR's C = 2 level still runs and C = 4 does not.
+    ``past`` reads the wall clock (None: never)."""
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    order, passed = [], []
+    run_level = sweep._run_recorded_level
+
+    async def recorded(s, t, c, prompts, stop, *instruments):
+        order.append((t.meta["label"], c))
+        if c == 2:
+            passed.append(True)
+        return await run_level(s, t, c, prompts, stop, *instruments)
+
+    monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
+    monkeypatch.setattr(sweep, "past", lambda stop_at: stop_at == 123.0 and bool(passed))
+    outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
+    with (
+        serve_in_thread(KPerStep(1), model_name="m") as ar,
+        serve_in_thread(KPerStep(4), model_name="m") as dflash,
+    ):
+        rc = sweep.main(
+            ["--base-url", ar.url, "--base-url", dflash.url, "--label", "AR", "--label", "DFLASH"]
+            + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(pf)]
+            + ["--no-progress", "--concurrency", "1,2,4", "--num-requests", "2"]
+            + ["--max-new-tokens", "4", "--api", "generate", "--warmup", "0", "--stop-at", "123"]
+        )
+        # a sweep started past its --stop-at runs nothing, and that is not a failure
+        late = tmp_path / "late.jsonl"
+        again = ["--base-url", ar.url, "--output", str(late), "--prompts", str(pf), "--no-progress"]
+        again += ["--api", "generate", "--warmup", "0", "--concurrency", "1", "--num-requests", "1"]
+        again += ["--stop-at", "123"]
+        assert sweep.main(again) == 0 and not late.exists()
+        assert sweep.main(again[:-2]) == 0 and len(_levels(late)) == 1  # without it: one level
+    assert rc == 0
+    assert order[:4] == [("AR", 1), ("DFLASH", 1), ("DFLASH", 2), ("AR", 2)]
+    assert [r["max_concurrency"] for r in _levels(outs[0])] == [1, 2]
+    monkeypatch.undo()
+    now = time.time()
+    assert sweep.past(now - 1) and not sweep.past(now + 60) and not sweep.past(None)
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads this machine's /proc")
 def test_each_servers_levels_record_the_host_and_its_watched_threads_counters(tmp_path):
     """--watch-pid, once per --base-url: each level's "host" holds the host's CPU shares and the
