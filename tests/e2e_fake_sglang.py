@@ -3,8 +3,8 @@
 It serves what the harnesses read from a real server -- the scheduler's capacity line, the GDN state
 lines, ``/health``, ``/flush_cache``, ``/server_info``, batched and single ``/generate`` (ids or
 text) with SGLang's ``meta_info`` counts, ``/start_profile`` writing a Kineto-like decode trace, and
-the DDTREE per-stage file when ``SGLANG_DDTREE_STAGE_TIMES`` is set -- and appends its argv and the
-environment it was given to ``$FAKE_CALLS`` (one JSON line per start), and starts an idle child titled
+the DDTREE per-stage file when ``SGLANG_DDTREE_STAGE_TIMES`` is set -- and appends its argv, the
+environment it was given and its start time to ``$FAKE_CALLS`` (one JSON line per start), and starts an idle child titled
 ``sglang::scheduler_TP0``, as SGLang's scheduler process is (its pid in that line). Streaming ``/generate``
 (one chunk per step, SGLang's ``data:`` lines), ``/abort_request`` and, with ``--enable-metrics``,
 ``/metrics`` with the KV and mamba pool gauges serve the no-slots-lost check (``e2e/slots.py``): a
