@@ -593,6 +593,30 @@ def test_compare_plots_one_colour_per_run_and_clip_nothing(tmp_path, monkeypatch
     assert len({next(iter(c)) for c in colours.values()}) == 4
 
 
+def _record_order(monkeypatch, on_level=lambda _c: None) -> list:
+    """The sweep's levels as it runs them, (label, C) each, into the list returned; ``on_level(C)``
+    before each."""
+    order = []
+    run_level = sweep._run_recorded_level
+
+    async def recorded(s, t, c, prompts, stop, *instruments):
+        order.append((t.meta["label"], c))
+        on_level(c)
+        return await run_level(s, t, c, prompts, stop, *instruments)
+
+    monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
+    return order
+
+
+def _ar_and_dflash(ar, dflash, outs: list[Path], prompts: Path) -> list[str]:
+    """A sweep of C = 1, 2, 4 over two servers labelled AR and DFLASH, each into its output."""
+    return (
+        ["--base-url", ar.url, "--base-url", dflash.url, "--label", "AR", "--label", "DFLASH"]
+        + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(prompts)]
+        + ["--no-progress", "--concurrency", "1,2,4", "--api", "generate"]
+    )
+
+
 def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     tmp_path, monkeypatch
 ):
@@ -600,25 +624,14 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     concurrency, the first server rotating by one per level; each server's records (its label,
     its tokens per step) go to its own output, tagged with the other's label and one sweep id."""
     pf = _write_prompts(tmp_path / "p.jsonl")
-    order = []
-    run_level = sweep._run_recorded_level
-
-    async def recorded(s, t, c, prompts, stop, *instruments):
-        order.append((t.meta["label"], c))
-        return await run_level(s, t, c, prompts, stop, *instruments)
-
-    monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
+    order = _record_order(monkeypatch)
     outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
     with (
         serve_in_thread(KPerStep(1), model_name="m") as ar,
         serve_in_thread(KPerStep(4), model_name="m") as dflash,
     ):
-        rc = sweep.main(
-            ["--base-url", ar.url, "--base-url", dflash.url, "--label", "AR", "--label", "DFLASH"]
-            + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(pf)]
-            + ["--no-progress", "--concurrency", "1,2,4", "--num-requests", "4"]
-            + ["--max-new-tokens", "8", "--api", "generate", "--warmup", "1"]
-        )
+        argv = _ar_and_dflash(ar, dflash, outs, pf)
+        rc = sweep.main(argv + ["--num-requests", "4", "--max-new-tokens", "8", "--warmup", "1"])
         assert rc == 0
         served = {"AR": len(ar.server.completed), "DFLASH": len(dflash.server.completed)}
     assert order == [("AR", 1), ("DFLASH", 1), ("DFLASH", 2), ("AR", 2), ("AR", 4), ("DFLASH", 4)]
@@ -641,28 +654,16 @@ def test_no_concurrency_starts_after_stop_at_and_a_started_one_runs_whole(tmp_pa
     at C = 2, the first of that concurrency, so AR's C = 2 level still runs and C = 4 does not.
     ``past`` reads the wall clock (None: never)."""
     pf = _write_prompts(tmp_path / "p.jsonl")
-    order, passed = [], []
-    run_level = sweep._run_recorded_level
-
-    async def recorded(s, t, c, prompts, stop, *instruments):
-        order.append((t.meta["label"], c))
-        if c == 2:
-            passed.append(True)
-        return await run_level(s, t, c, prompts, stop, *instruments)
-
-    monkeypatch.setattr(sweep, "_run_recorded_level", recorded)
+    passed = []
+    order = _record_order(monkeypatch, lambda c: c == 2 and passed.append(True))
     monkeypatch.setattr(sweep, "past", lambda stop_at: stop_at == 123.0 and bool(passed))
     outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
     with (
         serve_in_thread(KPerStep(1), model_name="m") as ar,
         serve_in_thread(KPerStep(4), model_name="m") as dflash,
     ):
-        rc = sweep.main(
-            ["--base-url", ar.url, "--base-url", dflash.url, "--label", "AR", "--label", "DFLASH"]
-            + ["--output", str(outs[0]), "--output", str(outs[1]), "--prompts", str(pf)]
-            + ["--no-progress", "--concurrency", "1,2,4", "--num-requests", "2"]
-            + ["--max-new-tokens", "4", "--api", "generate", "--warmup", "0", "--stop-at", "123"]
-        )
+        argv = _ar_and_dflash(ar, dflash, outs, pf) + ["--num-requests", "2", "--warmup", "0"]
+        rc = sweep.main(argv + ["--max-new-tokens", "4", "--stop-at", "123"])
         # a sweep started past its --stop-at runs nothing, and that is not a failure
         late = tmp_path / "late.jsonl"
         again = ["--base-url", ar.url, "--output", str(late), "--prompts", str(pf), "--no-progress"]
