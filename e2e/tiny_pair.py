@@ -455,14 +455,13 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> list[list[list[int
         if args.stop_at is not None and time.time() >= args.stop_at:
             print(f"--time-limit: passes {k + 1} on not run", flush=True)
             break
-        for i, (_, srv) in enumerate(servers):
+        where = []
+        for (label, srv), visited in zip(servers, moved):
             block = blocks[(blocks.index(srv.cpus) + k) % len(blocks)]
             kit.move_group(srv.proc.pid, block)
-            moved[i].append(sorted(block))
-        where = "; ".join(
-            f"{label}: {_cpus_text(frozenset(m[-1]))}" for (label, _), m in zip(servers, moved)
-        )
-        print(f"pass {k + 1} (C = {levels}) on CPUs {where}", flush=True)
+            visited.append(sorted(block))
+            where.append(f"{label}: {_cpus_text(block)}")
+        print(f"pass {k + 1} (C = {levels}) on CPUs {'; '.join(where)}", flush=True)
         subprocess.run([*sweep, "--concurrency", levels], check=True)
     return moved
 

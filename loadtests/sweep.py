@@ -27,9 +27,9 @@ tagged with the labels of the servers it was interleaved with.
 
 Robustness: every request has a timeout (``--request-timeout``); HTTP/SSE errors and timeouts are
 counted per level, never fatal; issuing stops at ``--max-level-seconds``; no concurrency starts
-after ``--stop-at`` (a wall-clock time: a caller's hard limit), and one that started runs whole; Ctrl-C (or SIGTERM) stops
-issuing, cancels the requests in flight, writes the partial level with ``"interrupted": true`` and exits
-130 (a second Ctrl-C aborts at once). Only loopback hosts are accepted unless ``--allow-remote``.
+after ``--stop-at`` (a wall-clock time: a caller's hard limit), and one that started runs whole;
+Ctrl-C (or SIGTERM) stops issuing, cancels the requests in flight, writes the partial level with
+``"interrupted": true`` and exits 130 (a second Ctrl-C aborts at once). Only loopback hosts are accepted unless ``--allow-remote``.
 """
 
 from __future__ import annotations

@@ -94,19 +94,28 @@ def test_replayssm_server_turns_the_flag_on(sglang_parse, monkeypatch):
         assert sa.speculative_num_draft_tokens == 65
 
 
-def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(tmp_path, monkeypatch, capsys):
-    """--pin-cpus: server i runs on the i-th of kit.cpu_blocks(servers + 1), its whole process
-    tree (the fake records its own affinity), e2e.json says where, and the harness takes the
-    last block; without it nothing is pinned."""
+@pytest.fixture
+def one_cpu_blocks(monkeypatch):
+    """kit.cpu_blocks as --pin-cpus gets it, on any machine: this machine's first CPU, its last, and
+    all of them (the harness's block); yields (the CPUs, the block counts asked for) and gives this
+    process all its CPUs back afterwards (the harness pins itself to the last block)."""
     cpus = sorted(os.sched_getaffinity(0))
     blocks = [frozenset(cpus[:1]), frozenset(cpus[-1:]), frozenset(cpus)]
     asked = []
     monkeypatch.setattr(kit, "cpu_blocks", lambda n: asked.append(n) or blocks)
-    try:
-        assert _main(tmp_path, monkeypatch, "dflash,ddtree16", "--pin-cpus", "--interleave") == 0
-        assert os.sched_getaffinity(0) == set(cpus)  # the last block: all of this machine's
-    finally:
-        os.sched_setaffinity(0, cpus)
+    yield cpus, asked
+    os.sched_setaffinity(0, cpus)
+
+
+def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(
+    tmp_path, monkeypatch, capsys, one_cpu_blocks
+):
+    """--pin-cpus: server i runs on the i-th of kit.cpu_blocks(servers + 1), its whole process
+    tree (the fake records its own affinity), e2e.json says where, and the harness takes the
+    last block; without it nothing is pinned."""
+    cpus, asked = one_cpu_blocks
+    assert _main(tmp_path, monkeypatch, "dflash,ddtree16", "--pin-cpus", "--interleave") == 0
+    assert os.sched_getaffinity(0) == set(cpus)  # the last block: all of this machine's
     assert asked == [3]
     calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert [c["cpus"] for c in calls] == [cpus[:1], cpus[-1:]]
@@ -125,25 +134,18 @@ def test_pin_cpus_pins_each_server_and_the_harness_to_its_own_block(tmp_path, mo
 
 
 def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, one_cpu_blocks
 ):
     """--rotate-cpus: one sweep a pass of --sweep (a pass starts at each level not above the one
     before), and before pass k server i runs, its whole process group, on the servers' block
     (i + k); e2e.json lists each server's blocks by pass. Without --pin-cpus, --interleave and
     --sweep it is refused before anything starts."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus, _ = one_cpu_blocks
     first, second = cpus[:1], cpus[-1:]
-    blocks = [frozenset(first), frozenset(second), frozenset(cpus)]
-    monkeypatch.setattr(kit, "cpu_blocks", lambda _n: blocks)
     flushes = tmp_path / "flushes.jsonl"
     sweep = ("--sweep", "1,2,1,2,1", "--sweep-requests", "1", "--sweep-tokens", "4")
     flags = ("--interleave", "--pin-cpus", "--rotate-cpus", *sweep)
-    try:
-        assert (
-            _main(tmp_path, monkeypatch, "dflash,ddtree16", *flags, FAKE_FLUSHES=str(flushes)) == 0
-        )
-    finally:
-        os.sched_setaffinity(0, cpus)
+    assert _main(tmp_path, monkeypatch, "dflash,ddtree16", *flags, FAKE_FLUSHES=str(flushes)) == 0
     calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
     seen: dict[int, list] = {c["pid"]: [] for c in calls}
     for f in map(json.loads, flushes.read_text().splitlines()):
@@ -166,6 +168,7 @@ def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
     assert not (tmp_path / "refused" / "calls.jsonl").exists()
 
 
+@pytest.mark.usefixtures("one_cpu_blocks")
 def test_a_time_limit_ends_the_sweep_itself_before_it(tmp_path, monkeypatch, capsys):
     """--time-limit T: the interleaved sweep starts no concurrency later than SWEEP_RESERVE_S
     before T (loadtests.sweep --stop-at), and the run ends on its own: every server checked and
@@ -178,14 +181,8 @@ def test_a_time_limit_ends_the_sweep_itself_before_it(tmp_path, monkeypatch, cap
     runs = json.loads((tmp_path / "out" / "e2e.json").read_text())
     assert all(r["ok"] for r in runs) and len(runs[1]["greedy"]) == 2
     assert not list((tmp_path / "out" / "sweeps").glob("*.jsonl"))
-    cpus = sorted(os.sched_getaffinity(0))
-    blocks = [frozenset(cpus[:1]), frozenset(cpus[-1:]), frozenset(cpus)]
-    monkeypatch.setattr(kit, "cpu_blocks", lambda _n: blocks)
     rotated = ("--pin-cpus", "--rotate-cpus", "--time-limit", tight)
-    try:
-        assert _main(tmp_path / "rot", monkeypatch, "ar,dflash", *sweep, *rotated) == 0
-    finally:
-        os.sched_setaffinity(0, cpus)
+    assert _main(tmp_path / "rot", monkeypatch, "ar,dflash", *sweep, *rotated) == 0
     assert "--time-limit: passes 1 on not run" in capsys.readouterr().out
     assert _main(tmp_path / "roomy", monkeypatch, "ar,dflash", *sweep, "--time-limit", "600") == 0
     levels = (tmp_path / "roomy" / "out" / "sweeps" / "dflash.jsonl").read_text().splitlines()
