@@ -1,18 +1,22 @@
 """``python -m benchmarks.budget_host_cost``: the host time a ``--speculative-adaptive`` DDTREE
 server adds to each decode step (no model runs; on the GPU when there is one).
 
-Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``),
+Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``)
+and, for a step the controller measures (warm-up, probes, one step in ``measure_interval``),
 queues a host copy of the step's accepted node ids (``budget.host_copy``: pinned memory, a
 non-blocking copy), and, once they are on the host, sums them per measured budget
 (``accepted_tokens_within``) and feeds the sums to the moving averages (``observe``). A fixed
-budget does none of this. On the tiny pair the step is launch-bound (about 3.5 ms at bs 1 on an
-H100), so this host time is step time: session 39 measured the adaptive server's steps 0.11-0.19
-ms longer than the fixed DDTREE(63)'s at the same budget (``e2e.tiny_bar``'s step rates
-0.945-0.981), where the CPU timing of choose, sums and observe said 11-19 µs. This times the four
-calls at each batch size on random walks of the tiny server's shape (verify width 64, accept width
-16, the controller of ``e2e/adaptive_budgets_tiny_h200.json``), the copy from ``--device`` (default:
-cuda when there is one) and the rest on the host as the scheduler runs them, and prints a table of
-median host microseconds; ``--json`` writes it.
+budget does none of this. On the tiny pair the step is host-bound (about 3.5 ms at bs 1 on an
+H100), so this host time is step time: sessions 39-40 measured the adaptive server's steps 2-5 %
+longer than the fixed DDTREE(63)'s at the same budget (``e2e.tiny_bar``'s step rates), and in
+session 40 py-spy put about 2.4 % of its scheduler's samples in these calls
+(``e2e/profile_schedulers.sh``), 2-4 times what their timing in a loop says (the loop runs them
+warm). This times the four calls at each batch size on random walks of the tiny server's shape
+(verify width 64, accept width 16, the controller of ``e2e/adaptive_budgets_tiny_h200.json``), the
+copy from ``--device`` (default: cuda when there is one) and the rest on the host as the scheduler
+runs them, and prints a table of median host microseconds, with the mean a step at the config's
+``measure_interval`` (choose every step, the rest on one step in the interval); ``--json`` writes
+it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def time_batch(
         "observe": run(lambda: ctl.observe(budget, sums, bs), repeats),
     }
     t["total"] = sum(t.values())
+    t["per_step"] = t["choose"] + (t["total"] - t["choose"]) / policy.measure_interval
     return t
 
 
@@ -102,8 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     policy = BudgetPolicy.load(str(CONFIG))
     rows = []
-    calls = ("choose", "copy", "sums", "observe", "total")
-    print(f"host µs per adaptive decode step, node ids copied from {device.type}:")
+    calls = ("choose", "copy", "sums", "observe", "total", "per_step")
+    print(
+        f"host µs per adaptive decode step, node ids copied from {device.type} (per_step: at "
+        f"measure_interval {policy.measure_interval}):"
+    )
     print("| bs | " + " | ".join(f"{k} µs" for k in calls) + " |")
     print("|---|" + "---|" * len(calls))
     for bs in sizes:
@@ -111,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"bs": bs, **{f"{k}_us": round(v, 2) for k, v in t.items()}})
         print(f"| {bs} | " + " | ".join(f"{t[k]:.1f}" for k in calls) + " |")
     if args.json:
-        out = {"config": CONFIG.name, "device": device.type, "rows": rows}
+        out = {
+            "config": CONFIG.name,
+            "device": device.type,
+            "measure_interval": policy.measure_interval,
+            "rows": rows,
+        }
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
 
 

@@ -53,7 +53,7 @@ def test_policy_reads_the_documented_format(tmp_path):
     assert (p.ema_alpha, p.hysteresis, p.warmup_steps, p.probe_interval) == (0.2, 0.05, 1, 0)
     defaults = BudgetPolicy.from_dict({"cost_ms": {"1": {"15": 1}}})
     assert (defaults.ema_alpha, defaults.hysteresis, defaults.warmup_steps) == (0.2, 0.05, 8)
-    assert defaults.probe_interval == 64
+    assert (defaults.probe_interval, defaults.measure_interval) == (64, 4)
 
 
 def test_buckets_route_to_the_largest_at_or_below_and_prune_graphs():
@@ -293,6 +293,11 @@ BAD = [
         {"cost_ms": {"1": {"15": 1}}, "probe_interval": -1},
         "probe_interval=-1 is not valid; valid: an integer >= 0",
     ),
+    (
+        {"cost_ms": {"1": {"15": 1}}, "measure_interval": 0},
+        "measure_interval=0 is not valid; valid: an integer >= 1",
+    ),
+    ({"cost_ms": {"1": {"15": 1}}, "measure_interval": 2.5}, "measure_interval=2.5 is not valid"),
 ]
 
 
@@ -311,9 +316,11 @@ def test_boundary_values_are_accepted():
             "hysteresis": 0,
             "warmup_steps": 1,
             "probe_interval": 0,
+            "measure_interval": 1,
         }
     )
     assert (p.budgets, p.ema_alpha, p.hysteresis, p.probe_interval) == ((1,), 1.0, 0.0, 0)
+    assert p.measure_interval == 1
 
 
 def test_unreadable_files_are_refused_in_one_line(tmp_path):
@@ -569,6 +576,11 @@ def test_the_host_cost_benchmark_times_valid_walks_and_refuses_bad_sizes(tmp_pat
     for r in rows:
         assert all(r[f"{k}_us"] > 0 for k in calls)
         assert r["total_us"] == pytest.approx(sum(r[f"{k}_us"] for k in calls), abs=0.03)
+        # a step at the tiny config's measure_interval (the default, 4): choose, and a quarter of
+        # the rest
+        measured = r["total_us"] - r["choose_us"]
+        assert r["per_step_us"] == pytest.approx(r["choose_us"] + measured / 4, abs=0.03)
+    assert table["measure_interval"] == 4
     with pytest.raises(SystemExit, match="--batch-sizes '0'"):
         main(["--batch-sizes", "0"])
     if not torch.cuda.is_available():
@@ -588,3 +600,36 @@ def test_the_host_copy_is_a_copy_the_sums_read():
     ids[0, 1] = 5  # the source moves on (the next step): the copy keeps this step's ids
     assert host[0, 1] == 3
     assert accepted_tokens_within(host.numpy(), 64, [3, 63]) == [3, 5]
+
+
+def test_warm_up_and_probe_steps_are_measured_and_one_step_in_measure_interval():
+    """After warm-up only every measure_interval-th step feeds tau (its host copy and sums cost
+    about 2 % of the tiny pair's host-bound step, session 40); warm-up and probe steps always do,
+    and each measured step restarts the count. Horizon 5: budget 7 holds the chain and 3 does not,
+    so a step at 7 is blind to 3 and a probe at 3 comes every 4 steps."""
+    policy = BudgetPolicy.from_dict(
+        {
+            "cost_ms": {"1": {"3": 10, "7": 10}},
+            "warmup_steps": 1,
+            "probe_interval": 4,
+            "measure_interval": 3,
+        }
+    )
+    ctl = BudgetController(policy, horizon=5)
+    steps = []
+    for _ in range(12):
+        b = ctl.choose(1)
+        steps.append((b, ctl.measure))
+        if ctl.measure:
+            ctl.observe(b, [2.0 if b == 3 else 4.0], 1)
+    warm_up = [(3, True), (7, True)]
+    chosen = [(7, False), (7, False), (7, True), (3, True)]  # the third step, then the probe
+    assert steps == warm_up + chosen * 2 + chosen[:2]
+    assert ctl.evidence == {3: 3, 7: 3}
+    every = BudgetController(
+        BudgetPolicy.from_dict({"cost_ms": {"1": {"7": 10}}, "measure_interval": 1}), horizon=5
+    )
+    for _ in range(12):
+        every.choose(1)
+        assert every.measure
+        every.observe(7, [4.0], 1)

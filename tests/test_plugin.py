@@ -1152,7 +1152,10 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
 
     path = _budget_file(tmp_path, {"1": {"3": 10, "4": 11}, "4": {"3": 10}, "8": {"4": 12}})
     cfg = json.loads(open(path).read())
-    open(path, "w").write(json.dumps({**cfg, "warmup_steps": 1, "probe_interval": 0}))
+    # every step measured (one step in measure_interval: the next test)
+    open(path, "w").write(
+        json.dumps({**cfg, "warmup_steps": 1, "probe_interval": 0, "measure_interval": 1})
+    )
     calls = []
     w, r = _staged_worker(calls)
     w.config = DDTreeConfig(4, 5, 4, 1.0, adaptive_config=path)  # horizon 3, budgets 3 and 4
@@ -1254,6 +1257,52 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
     )
     w.init_budgets()
     assert not w.budgets.nested and w.budgets.measured_by(4) == (4,)
+
+
+@pytest.mark.usefixtures("loaded")
+def test_only_the_steps_the_controller_measures_are_copied_and_fed(monkeypatch):
+    """measure_interval 3: after warm-up the worker copies the accepted node ids of one step in
+    three to the host and feeds only those to tau; the others queue None, so that under overlap
+    scheduling each report still meets its own step (and a report of the wrong size is still
+    refused)."""
+    from collections import deque
+
+    from sglang_spec.plugin import worker as worker_mod
+    from sglang_spec.plugin.budget import BudgetController, BudgetPolicy
+
+    policy = BudgetPolicy.from_dict(
+        {"cost_ms": {"1": {"3": 10}}, "warmup_steps": 2, "probe_interval": 0, "measure_interval": 3}
+    )
+    w = object.__new__(worker_mod.DDTreeWorker)
+    w.config = DDTreeConfig(block_size=4, verify_width=4, topk_per_depth=4, tree_temperature=1.0)
+    w.budgets = BudgetController(policy, horizon=3)
+    w.measured = deque()
+    copies = []
+    monkeypatch.setattr(worker_mod, "host_copy", lambda ids: copies.append(ids) or ids.clone())
+    fed = []
+    observe = w.budgets.observe
+    monkeypatch.setattr(
+        w.budgets, "observe", lambda b, sums, n: fed.append(sums) or observe(b, sums, n)
+    )
+
+    def launch(k):  # step k accepts k % 4 + 1 tokens (root included)
+        assert w.budgets.choose(1) == 3
+        ids = torch.full((1, 4), -1)
+        ids[0, : k % 4 + 1] = torch.arange(k % 4 + 1)
+        w.measure_budgets(ids, 1)
+
+    launch(0)
+    for k in range(1, 10):  # overlap: step k is launched before step k - 1 is reported
+        launch(k)
+        w.on_verify_complete_cpu([0], batch_size=1)
+    w.on_verify_complete_cpu([0], batch_size=1)
+    # warm-up: steps 0-2 (step 2 is chosen before step 1 is reported, so budget 3 still has one
+    # step of evidence of the two it needs); then the third step after each measured one: 5, 8
+    assert len(copies) == 5 and fed == [[1], [2], [3], [2], [1]]
+    assert w.budgets.evidence == {3: 5} and not w.measured
+    launch(10)  # not measured, still checked against its report
+    with pytest.raises(RuntimeError, match="a step of 1 requests measured, results of 2 reported"):
+        w.on_verify_complete_cpu([0, 0], batch_size=2)
 
 
 # ------------------------------------------ SGLANG_SIMULATE_ACC_LEN (benchmarks only)

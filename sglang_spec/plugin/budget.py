@@ -23,7 +23,8 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
       "ema_alpha": 0.2,
       "hysteresis": 0.05,
       "warmup_steps": 8,
-      "probe_interval": 64
+      "probe_interval": 64,
+      "measure_interval": 4
     }
 
 * ``cost_ms`` (required): batch-size bucket -> {candidate budget: ms per decode step}. A running
@@ -31,7 +32,8 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
   uses the largest bucket <= its size, the smallest bucket below that; the bucket's budgets are
   its candidates and each runs with its own captured verify graphs. The candidate budgets of the
   server are the union over the buckets.
-* ``ema_alpha`` (default 0.2, in (0, 1]): weight of the newest step in tau's moving average.
+* ``ema_alpha`` (default 0.2, in (0, 1]): weight of the newest measured step in tau's moving
+  average.
 * ``hysteresis`` (default 0.05, >= 0): a bucket leaves its budget only for one whose expected
   throughput is higher by more than this fraction, so noise in tau does not flap the width.
 * ``warmup_steps`` (default 8, >= 1): steps of evidence each candidate needs before the choice
@@ -47,6 +49,12 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
   best-first trees a chain-inclusive tree does not contain), so one noisy warm-up estimate would
   fix the choice for good (the 27B shape at C = 8 ran budget 31 at 595 tokens/s that way, where 7
   served 622).
+* ``measure_interval`` (default 4, >= 1; 1 = every step): once the bucket has chosen, one step in
+  ``measure_interval`` feeds tau (warm-up and probe steps always do). Measuring a step costs its
+  host copy and its sums per budget, about 2 % of the tiny pair's host-bound step on an H100
+  (py-spy, session 40: the adaptive server's steps were 2-5 % slower than the fixed DDTREE(63)'s at
+  the same budget, with every server on every CPU block in turn), where a fixed budget pays
+  nothing; the moving average then follows every fourth step (alpha 0.2: about 20 steps).
 
 Measuring tau: DDTree trees are nested. Slots are in selection order (best-first, the
 chain-inclusive tree's chain first), so the tree of budget b is the first ``b + 1`` slots of the
@@ -72,7 +80,14 @@ import torch
 
 from sglang_spec.tree.head import captured_batch_size
 
-CONFIG_KEYS = ("cost_ms", "ema_alpha", "hysteresis", "warmup_steps", "probe_interval")
+CONFIG_KEYS = (
+    "cost_ms",
+    "ema_alpha",
+    "hysteresis",
+    "warmup_steps",
+    "probe_interval",
+    "measure_interval",
+)
 
 
 class BudgetConfigError(ValueError):
@@ -116,6 +131,7 @@ class BudgetPolicy:
     hysteresis: float = 0.05
     warmup_steps: int = 8
     probe_interval: int = 64
+    measure_interval: int = 4
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "budget config") -> BudgetPolicy:
@@ -160,6 +176,7 @@ class BudgetPolicy:
             ),
             warmup_steps=_count(raw.get("warmup_steps", 8), "warmup_steps", where, 1),
             probe_interval=_count(raw.get("probe_interval", 64), "probe_interval", where, 0),
+            measure_interval=_count(raw.get("measure_interval", 4), "measure_interval", where, 1),
         )
 
     @classmethod
@@ -204,7 +221,8 @@ class BudgetController:
     budget: under a simulated tau per budget (benchmarks), the accepted path is drawn for the
     budget that ran and says nothing of the trees nested in it. ``on_switch(bucket, old, new,
     tau)`` is called whenever a bucket settles on a budget (``old`` None the first time) with a
-    copy of the tau per budget that decided it, e.g. for a log line.
+    copy of the tau per budget that decided it, e.g. for a log line. After each :meth:`choose`,
+    ``measure`` says whether that step is to be measured (:meth:`observe`) or only run.
     """
 
     def __init__(
@@ -226,6 +244,8 @@ class BudgetController:
         self._observed = 0  # observed (non-empty) steps
         self._current: dict[int, int] = {}  # bucket -> budget it runs outside exploration
         self._since_probe: dict[int, int] = {}  # bucket -> steps since its last probe
+        self.measure = True  # whether the step choose() picked last is to be measured
+        self._since_measure = 0  # steps chosen since the last one measured
         # measured_by of every candidate, asked several times a step: computed once
         self._measured = {b: self._nested_candidates(b) for b in policy.budgets}
 
@@ -260,11 +280,13 @@ class BudgetController:
 
     def choose(self, batch_size: int) -> int:
         """The budget of the next decode step of ``batch_size`` requests (once the bucket has
-        chosen, counts the step toward its next probe)."""
+        chosen, counts the step toward its next probe), and in ``measure`` whether to measure it:
+        warm-up and probe steps, and one step in ``measure_interval``."""
         bucket = self.bucket_of(batch_size)
         candidates = self.policy.cost_ms[bucket]
         unsure = [b for b in candidates if self.evidence.get(b, 0) < self.policy.warmup_steps]
         if unsure:
+            self._measure_next(forced=True)
             return self._measuring_budget(bucket, unsure[0])
         best = max(candidates, key=lambda b: (self.expected_tokens_per_s(batch_size, b), -b))
         current = self._current.get(bucket)
@@ -276,7 +298,17 @@ class BudgetController:
             if self.on_switch is not None:
                 self.on_switch(bucket, current, best, dict(self.tau))
             self._current[bucket] = current = best
-        return self._probe_or(bucket, current)
+        budget = self._probe_or(bucket, current)
+        self._measure_next(forced=budget != current)
+        return budget
+
+    def _measure_next(self, forced: bool) -> None:
+        """Set ``measure`` for the step just chosen: ``forced``, or ``measure_interval`` steps
+        since the last measured one."""
+        self._since_measure += 1
+        self.measure = forced or self._since_measure >= self.policy.measure_interval
+        if self.measure:
+            self._since_measure = 0
 
     def _probe_or(self, bucket: int, current: int) -> int:
         """The probe when one is due, else ``current`` (module docstring: the probe is the largest

@@ -24,10 +24,11 @@ A decode step is one method per stage, called in order by ``_decode_step``
 Budget by batch size (``--speculative-adaptive``, :mod:`sglang_spec.plugin.budget`): each decode
 step first asks the controller for the budget of its batch size and switches the target's verify
 state (attention backend + CUDA graphs, one per candidate width, built in ``init_cuda_graphs``) and
-``self.config`` to it; after the walk it copies the accepted node ids to pinned host memory (one
-launch, in stream order), and ``on_verify_complete_cpu`` (called by the scheduler once the step's
-accept lengths are on the host) sums there what every budget the step measures would have accepted
-and feeds the controller.
+``self.config`` to it; after the walk of a step the controller measures (warm-up, probes, one
+step in ``measure_interval``) it copies the accepted node ids to pinned host memory (one launch, in
+stream order), and ``on_verify_complete_cpu`` (called by the scheduler once the step's accept
+lengths are on the host) sums there what every budget the step measures would have accepted and
+feeds the controller.
 
 With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
 writes per-stage host and GPU times; with ``SGLANG_DDTREE_SYNC_CHECK=warn|error`` each decode step
@@ -246,10 +247,10 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
-        # (budget, verify width, host accept_index, requests) of each decode step whose results
-        # the scheduler has not processed yet: with overlap scheduling the next step is launched
-        # first
-        self.measured: deque[tuple[int, int, torch.Tensor, int]] = deque()
+        # (budget, verify width, host accept_index or None when not measured, requests) of each
+        # decode step whose results the scheduler has not processed yet: with overlap scheduling
+        # the next step is launched first
+        self.measured: deque[tuple[int, int, torch.Tensor | None, int]] = deque()
 
     def init_cuda_graphs(self):
         """The drafter's graphs (DFlash's, ending in the draft sampler's staging copy), the draft
@@ -384,10 +385,12 @@ class DDTreeWorker(DFlashWorkerV2):
             self.speculative_num_draft_tokens = self.config.verify_width
 
     def measure_budgets(self, accept_index: torch.Tensor, batch_size: int) -> None:
-        """Queue this step's accepted node ids ``[bs, L + 1]`` for the controller: one copy to
-        pinned host memory in stream order (``budget.host_copy``, no sync);
-        ``on_verify_complete_cpu`` sums the host copy."""
-        host = host_copy(accept_index)
+        """Queue this step for the controller: when it is to be measured
+        (``BudgetController.measure``), its accepted node ids ``[bs, L + 1]``, one copy to pinned
+        host memory in stream order (``budget.host_copy``, no sync), which
+        ``on_verify_complete_cpu`` sums; otherwise None, which keeps the queue in step with the
+        scheduler's reports."""
+        host = host_copy(accept_index) if self.budgets.measure else None
         self.measured.append((self.config.budget, self.config.verify_width, host, batch_size))
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):  # noqa: ARG002 - BaseSpecWorker's signature; the node ids kept by measure_budgets carry more
@@ -401,6 +404,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 f"DDTREE budget measurements out of step with the scheduler: a step of {n} "
                 f"requests measured, results of {batch_size} reported"
             )
+        if accepted is None:
+            return
         sums = accepted_tokens_within(accepted.numpy(), width, self.budgets.measured_by(budget))
         self.budgets.observe(budget, sums, n)
 
