@@ -7,18 +7,17 @@ whether the token ids agree; for every prompt where they do not, the first diffe
 the float32 logit gap there between the reference's token (the target's argmax: the engine is
 lossless) and the server's, which tells a bf16 near-tie (a gap below ``NEAR_TIE``) from a bug::
 
-    python -m e2e.compare_reference benchmarks/results/e2e_h200/hybrid_eager.json --pair hybrid
+    python -m e2e.compare_reference benchmarks/results/e2e_h200/hybrid_eager.json.xz --pair hybrid
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 import torch
 
-from e2e.tiny_pair import load_prompts
+from e2e.tiny_pair import load_prompts, load_runs
 from sglang_spec.reference import generate, tiny_pair
 from sglang_spec.tree import DEFAULT_TREE_TEMPERATURE
 
@@ -72,7 +71,7 @@ def main() -> None:
         "verify steps on the equal prompts: SGLang / reference |"
     )
     print("|---|---|---|---|---|")
-    for server in json.load(open(args.e2e_json)):
+    for server in load_runs(args.e2e_json):
         # labels like ddtree64+graphs+patched+replayssm; a server whose greedy runs finished counts
         # even if a later check of the same server (e.g. no slots lost) failed
         m = re.fullmatch(r"(dflash|ddtree)(\d*)((?:\+[\w-]+)*)", server["label"])

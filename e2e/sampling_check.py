@@ -8,14 +8,13 @@ greedy: higher log-probability; toward the draft: lower). Prints a table with We
 AR server's samples, and, when the run recorded ``--dist-samples``, a chi-square test of each
 server's 2nd-token distribution against AR's::
 
-    python -m e2e.sampling_check benchmarks/results/e2e_h200/hybrid_eager.json \
+    python -m e2e.sampling_check benchmarks/results/e2e_h200/hybrid_eager.json.xz \
         --target sglang_spec/fixtures/tiny-pair/hybrid --prompts sglang_spec/fixtures/tiny-pair/heldout_prompts.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from collections import Counter
@@ -23,7 +22,7 @@ from collections import Counter
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from e2e.tiny_pair import load_prompts
+from e2e.tiny_pair import load_prompts, load_runs
 
 
 def sample_logprob(model, prompt_ids: list[int], out_ids: list[int], temperature: float) -> float:
@@ -108,14 +107,14 @@ def main() -> None:
     prompts = load_prompts(args.prompts, args.num_prompts)
     prompt_ids = [tok(p).input_ids for p in prompts]
     scores = {}
-    for server in json.load(open(args.e2e_json)):
+    for server in load_runs(args.e2e_json):
         if not server.get("ok"):
             continue
         scores[server["label"]] = [
             sample_logprob(model, prompt_ids[i % len(prompts)], s["output_ids"], args.temperature)
             for i, s in enumerate(server["sampled"])
         ]
-    _pair_test(json.load(open(args.e2e_json)), model, prompt_ids[0], args.dist_temperature)
+    _pair_test(load_runs(args.e2e_json), model, prompt_ids[0], args.dist_temperature)
     ar = next((xs for label, xs in scores.items() if is_ar(label)), None)
     print(
         f"| server | samples | mean log p per token (T={args.temperature}) | std err | Welch t vs AR |"

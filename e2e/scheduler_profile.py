@@ -1,22 +1,27 @@
-"""``python -m e2e.scheduler_profile DIR [--e2e E2E_JSON] [--top N]``: where the schedulers' host
+"""``python -m e2e.scheduler_profile DIR [--e2e E2E_JSON] [--top N] [--only REGEX]``: where the schedulers' host
 time goes, from the folded stacks ``e2e/profile_schedulers.sh`` writes (py-spy's raw format, one
-``port<N>.txt`` per server), and how two servers differ.
+``port<N>.txt`` per server, or ``port<N>.txt.xz`` as the repository keeps them), and how the
+servers differ.
 
 For each function (name, file) the inclusive share: the fraction of a server's samples with that
 function anywhere on the stack (recursion counted once). The tiny pair's step is host-bound, so a
-share times the server's step time is that function's time a step. With ``--e2e`` the servers are
-named by their labels (``e2e.json``'s ``cmd`` holds each server's ``--port``). The table lists the
+share times the server's step time is that function's time a step. With ``--e2e`` (plain or .xz)
+the servers are named by their labels (``e2e.json``'s ``cmd`` holds each server's ``--port``). The table lists the
 functions whose share differs most between the first server and each other one, by default the
-adaptive DDTREE server against the fixed DDTREE(63) when both are there.
+adaptive DDTREE server against the fixed DDTREE(63) when both are there; ``--only`` keeps the
+functions whose ``name (file)`` matches a regular expression (``budget|measure`` for the adaptive
+server's own calls).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import lzma
 import re
 from collections import Counter
 from pathlib import Path
+
+from e2e.tiny_pair import load_runs
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]*)(?::\d+)?\)$")
 
@@ -25,7 +30,8 @@ def read_folded(path: Path) -> tuple[Counter, int]:
     """(inclusive samples per ``func (file)``, total samples) of one py-spy raw file."""
     inclusive: Counter = Counter()
     total = 0
-    for line in path.read_text().splitlines():
+    text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
@@ -42,10 +48,8 @@ def read_folded(path: Path) -> tuple[Counter, int]:
 
 def port_labels(e2e: Path) -> dict[str, str]:
     """``port<N>`` -> the label of the server e2e.json ran on port N."""
-    results = json.loads(e2e.read_text())
-    results = results.get("results", results) if isinstance(results, dict) else results
     out = {}
-    for r in results:
+    for r in load_runs(str(e2e)):
         m = re.search(r"--port[ =](\d+)", r.get("cmd", ""))
         if m:
             out[f"port{m[1]}"] = r["label"]
@@ -63,12 +67,16 @@ def order(names: list[str]) -> list[str]:
     return sorted(names, key=lambda n: (rank(n), n))
 
 
-def table(profiles: dict[str, tuple[Counter, int]], top: int) -> str:
+def table(
+    profiles: dict[str, tuple[Counter, int]], top: int, only: re.Pattern | None = None
+) -> str:
     names = order(list(profiles))
     first, rest = names[0], names[1:]
     shares = {n: {f: c / max(t, 1) for f, c in inc.items()} for n, (inc, t) in profiles.items()}
     diff = Counter()
     for f in set().union(*(shares[n] for n in names)):
+        if only is not None and not only.search(f):
+            continue
         a = shares[first].get(f, 0.0)
         diff[f] = max((abs(a - shares[o].get(f, 0.0)) for o in rest), default=a)
     head = ["function (file)", *(f"{n} ({profiles[n][1]} samples)" for n in names)]
@@ -84,21 +92,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", type=Path, help="the folder of port<N>.txt files")
     ap.add_argument("--e2e", type=Path, help="e2e.json of the run, to name the servers")
     ap.add_argument("--top", type=int, default=30, help="rows (default 30)")
+    ap.add_argument("--only", help="a regular expression the rows' 'name (file)' must match")
     args = ap.parse_args(argv)
-    files = sorted(args.dir.glob("port*.txt"))
+    files = sorted([*args.dir.glob("port*.txt"), *args.dir.glob("port*.txt.xz")])
     if not files:
         raise SystemExit(
             f"{args.dir}: no port<N>.txt files; valid: e2e/profile_schedulers.sh's $OUT/pyspy"
         )
     if args.top < 1:
         raise SystemExit(f"--top {args.top}: give a number >= 1")
+    try:
+        only = re.compile(args.only) if args.only is not None else None
+    except re.error as e:
+        raise SystemExit(f"--only {args.only!r}: not a regular expression ({e})") from None
     labels = port_labels(args.e2e) if args.e2e else {}
-    profiles = {labels.get(f.stem, f.stem): read_folded(f) for f in files}
+    stems = [f.name.split(".")[0] for f in files]
+    profiles = {labels.get(s, s): read_folded(f) for s, f in zip(stems, files, strict=True)}
     print(
         "Inclusive share of each scheduler's samples (py-spy, idle left out), the functions "
         "that differ most from the first server's:"
     )
-    print(table(profiles, args.top))
+    print(table(profiles, args.top, only))
     return 0
 
 

@@ -60,6 +60,7 @@ import concurrent.futures as cf
 import contextlib
 import glob
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -854,11 +855,18 @@ def load_prompts(path: str, num: int) -> list[str]:
     return [json.loads(ln)["prompt"] for ln in open(path) if ln.strip()][:num]
 
 
+def load_runs(path: str) -> list[dict]:
+    """A run's server records (its ``e2e.json``), plain or xz-compressed (``.xz``: the results kept
+    in the repository, which a device call carries, are compressed)."""
+    with (lzma.open if path.endswith(".xz") else open)(path, "rt") as f:
+        return json.load(f)
+
+
 def load_baseline(path: str) -> dict:
     """The successful AR server of an earlier run's ``e2e.json``."""
     try:
-        runs = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        runs = load_runs(path)
+    except (OSError, lzma.LZMAError, json.JSONDecodeError) as e:
         raise kit.HarnessError(f"--baseline {path}: {e}") from None
     base = next((r for r in runs if r["label"].startswith("ar") and r["ok"]), None)
     if base is None:

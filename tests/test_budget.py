@@ -602,30 +602,35 @@ def test_the_host_copy_is_a_copy_the_sums_read():
     assert accepted_tokens_within(host.numpy(), 64, [3, 63]) == [3, 5]
 
 
-def test_warm_up_and_probe_steps_are_measured_and_one_step_in_measure_interval():
-    """After warm-up only every measure_interval-th step feeds tau (its host copy and sums cost
-    about 2 % of the tiny pair's host-bound step, session 40); warm-up and probe steps always do,
-    and each measured step restarts the count. Horizon 5: budget 7 holds the chain and 3 does not,
-    so a step at 7 is blind to 3 and a probe at 3 comes every 4 steps."""
-    policy = BudgetPolicy.from_dict(
-        {
-            "cost_ms": {"1": {"3": 10, "7": 10}},
-            "warmup_steps": 1,
-            "probe_interval": 4,
-            "measure_interval": 3,
-        }
-    )
-    ctl = BudgetController(policy, horizon=5)
-    steps = []
-    for _ in range(12):
-        b = ctl.choose(1)
-        steps.append((b, ctl.measure))
-        if ctl.measure:
-            ctl.observe(b, [2.0 if b == 3 else 4.0], 1)
-    warm_up = [(3, True), (7, True)]
-    chosen = [(7, False), (7, False), (7, True), (3, True)]  # the third step, then the probe
-    assert steps == warm_up + chosen * 2 + chosen[:2]
-    assert ctl.evidence == {3: 3, 7: 3}
+def test_a_budget_that_measures_every_candidate_is_measured_one_step_in_measure_interval():
+    """A step whose budget measures every candidate of its bucket feeds tau once in
+    measure_interval steps (its host copy and sums cost about 2 % of the tiny pair's host-bound
+    step, session 40); warm-up steps, probes and a budget blind to some candidate feed it every
+    step. Horizon 15: a step at 7 measures 3 and 7 (both below L). Horizon 5: 7 holds the chain and
+    3 does not, so 7 is blind to 3 (a probe at 3 every 4 steps)."""
+
+    def steps(horizon: int) -> list[tuple[int, bool]]:
+        policy = BudgetPolicy.from_dict(
+            {
+                "cost_ms": {"1": {"3": 10, "7": 10}},
+                "warmup_steps": 1,
+                "probe_interval": 4,
+                "measure_interval": 3,
+            }
+        )
+        ctl = BudgetController(policy, horizon=horizon)
+        out = []
+        for _ in range(10):
+            b = ctl.choose(1)
+            out.append((b, ctl.measure))
+            if ctl.measure:  # 3 accepts 2 tokens, 7 accepts 4: 7 is chosen
+                ctl.observe(b, [2.0 if m == 3 else 4.0 for m in ctl.measured_by(b)], 1)
+        return out
+
+    # warm-up: one step at 7 measures both; then every third step
+    assert steps(15) == [(7, True)] + [(7, False), (7, False), (7, True)] * 3
+    # warm-up at 3 and 7; 7 is blind to 3: every step measured, probes at 3 included
+    assert steps(5) == [(3, True)] + [(7, True)] * 4 + [(3, True)] + [(7, True)] * 3 + [(3, True)]
     every = BudgetController(
         BudgetPolicy.from_dict({"cost_ms": {"1": {"7": 10}}, "measure_interval": 1}), horizon=5
     )

@@ -691,3 +691,22 @@ def test_abort_check_refuses_bad_input(tmp_path, monkeypatch, capsys, flags, mes
     assert _main(tmp_path, monkeypatch, "ddtree16", *flags) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_a_runs_records_load_plain_or_xz_compressed(tmp_path):
+    """tiny_pair.load_runs (compare_reference's, sampling_check's and --baseline's reader) takes
+    an e2e.json or its .xz, the form the repository keeps results in; load_baseline finds the AR
+    server in either, and a broken file is one harness error naming it."""
+    import lzma
+
+    runs = [{"label": "dflash+graphs", "ok": True}, {"label": "ar+graphs", "ok": True, "x": 1}]
+    plain, packed = tmp_path / "e2e.json", tmp_path / "e2e.json.xz"
+    plain.write_text(json.dumps(runs))
+    packed.write_bytes(lzma.compress(plain.read_bytes()))
+    assert tiny_pair.load_runs(str(plain)) == tiny_pair.load_runs(str(packed)) == runs
+    assert tiny_pair.load_baseline(str(packed))["x"] == 1
+    kept = Path(__file__).resolve().parents[1] / "benchmarks/results/e2e_h200/hybrid_eager.json.xz"
+    assert any(r["label"].startswith("ar") for r in tiny_pair.load_runs(str(kept)))
+    (tmp_path / "bad.json.xz").write_bytes(b"not xz")
+    with pytest.raises(kit.HarnessError, match="--baseline .*bad.json.xz"):
+        tiny_pair.load_baseline(str(tmp_path / "bad.json.xz"))

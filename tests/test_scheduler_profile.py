@@ -116,8 +116,8 @@ def test_the_script_samples_each_scheduler_into_its_servers_port(tmp_path):
         ]
     )
     try:
-        for _ in range(100):  # until the child has its title
-            if subprocess.run(["pgrep", "-f", "^sglang::scheduler"], capture_output=True).stdout:
+        for _ in range(100):  # until the child has its title (other tests may run fake schedulers)
+            if subprocess.run(["pgrep", "-f", "^sglang::scheduler 20"], capture_output=True).stdout:
                 break
             subprocess.run(["sleep", "0.05"])
         r = _script({"OUT": str(tmp_path), "DELAY_S": "0", "DURATION_S": "1", "PYSPY": str(fake)})
@@ -126,3 +126,25 @@ def test_the_script_samples_each_scheduler_into_its_servers_port(tmp_path):
         parent.wait(timeout=10)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "pyspy/port30007.txt").read_text() == "f (x.py:1) 3\n"
+
+
+def test_compressed_profiles_and_a_filter(tmp_path, capsys):
+    """The repository keeps profiles and e2e.json as .xz; --only keeps the matching functions and a
+    bad expression is one line naming it."""
+    import lzma
+
+    (tmp_path / "port30002.txt.xz").write_bytes(lzma.compress(ADAPTIVE.encode()))
+    (tmp_path / "port30001.txt").write_text(FIXED)
+    e2e = tmp_path / "e2e.json.xz"
+    e2e.write_bytes(
+        lzma.compress(json.dumps([{"label": "ddtree63+adaptive", "cmd": "--port 30002"}]).encode())
+    )
+    assert sp.main([str(tmp_path), "--e2e", str(e2e), "--only", "budget|verify_complete"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "ddtree63+adaptive (12 samples)" in out[1] and "port30001 (10 samples)" in out[1]
+    assert [r.split(" |")[0] for r in out[3:]] == [
+        "| select_budget (worker.py)",
+        "| on_verify_complete_cpu (worker.py)",
+    ]
+    with pytest.raises(SystemExit, match=r"--only '\(': not a regular expression"):
+        sp.main([str(tmp_path), "--only", "("])

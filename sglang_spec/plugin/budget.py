@@ -49,12 +49,17 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
   best-first trees a chain-inclusive tree does not contain), so one noisy warm-up estimate would
   fix the choice for good (the 27B shape at C = 8 ran budget 31 at 595 tokens/s that way, where 7
   served 622).
-* ``measure_interval`` (default 4, >= 1; 1 = every step): once the bucket has chosen, one step in
-  ``measure_interval`` feeds tau (warm-up and probe steps always do). Measuring a step costs its
-  host copy and its sums per budget, about 2 % of the tiny pair's host-bound step on an H100
-  (py-spy, session 40: the adaptive server's steps were 2-5 % slower than the fixed DDTREE(63)'s at
-  the same budget, with every server on every CPU block in turn), where a fixed budget pays
-  nothing; the moving average then follows every fourth step (alpha 0.2: about 20 steps).
+* ``measure_interval`` (default 4, >= 1; 1 = every step): while a bucket runs a budget that
+  measures every candidate of the bucket, one step in ``measure_interval`` feeds tau; warm-up
+  steps, and every step of a bucket whose budget is blind to some candidate (its probes
+  included), always do. Measuring a step costs its host copy and its sums per budget, about 2 %
+  of the tiny pair's host-bound step on an H100 (py-spy, session 40: the adaptive server's steps
+  were 2-5 % slower than the fixed DDTREE(63)'s at the same budget, with every server on every CPU
+  block in turn), where a fixed budget pays nothing. Sampling a budget that measures every
+  candidate only delays a switch (the moving average follows every fourth step); a blind one must
+  see its own tau fall at once, since the switch back to the budget it cannot measure waits on
+  that (the tiny pair at C = 1 runs budget 15, the chain, through repetitive text, where it
+  accepts as much as 63 and costs less, and must leave it when the repetition ends).
 
 Measuring tau: DDTree trees are nested. Slots are in selection order (best-first, the
 chain-inclusive tree's chain first), so the tree of budget b is the first ``b + 1`` slots of the
@@ -281,7 +286,8 @@ class BudgetController:
     def choose(self, batch_size: int) -> int:
         """The budget of the next decode step of ``batch_size`` requests (once the bucket has
         chosen, counts the step toward its next probe), and in ``measure`` whether to measure it:
-        warm-up and probe steps, and one step in ``measure_interval``."""
+        warm-up steps, the steps of a bucket whose budget is blind to some candidate (probes
+        included), and one step in ``measure_interval`` of the others."""
         bucket = self.bucket_of(batch_size)
         candidates = self.policy.cost_ms[bucket]
         unsure = [b for b in candidates if self.evidence.get(b, 0) < self.policy.warmup_steps]
@@ -298,9 +304,10 @@ class BudgetController:
             if self.on_switch is not None:
                 self.on_switch(bucket, current, best, dict(self.tau))
             self._current[bucket] = current = best
-        budget = self._probe_or(bucket, current)
-        self._measure_next(forced=budget != current)
-        return budget
+        # a budget blind to some candidate is measured every step (its probes too: only such a
+        # budget has them)
+        self._measure_next(forced=any(b not in self.measured_by(current) for b in candidates))
+        return self._probe_or(bucket, current)
 
     def _measure_next(self, forced: bool) -> None:
         """Set ``measure`` for the step just chosen: ``forced``, or ``measure_interval`` steps

@@ -24,11 +24,11 @@ A decode step is one method per stage, called in order by ``_decode_step``
 Budget by batch size (``--speculative-adaptive``, :mod:`sglang_spec.plugin.budget`): each decode
 step first asks the controller for the budget of its batch size and switches the target's verify
 state (attention backend + CUDA graphs, one per candidate width, built in ``init_cuda_graphs``) and
-``self.config`` to it; after the walk of a step the controller measures (warm-up, probes, one
-step in ``measure_interval``) it copies the accepted node ids to pinned host memory (one launch, in
-stream order), and ``on_verify_complete_cpu`` (called by the scheduler once the step's accept
-lengths are on the host) sums there what every budget the step measures would have accepted and
-feeds the controller.
+``self.config`` to it; after the walk of a step the controller measures (``measure``: every step
+but those its ``measure_interval`` samples out) it copies the accepted node ids to pinned host
+memory (one launch, in stream order), and ``on_verify_complete_cpu`` (called by the scheduler once
+the step's accept lengths are on the host) sums there what every budget the step measures would
+have accepted and feeds the controller.
 
 With ``SGLANG_DDTREE_STAGE_TIMES`` set, ``stage_times.StageTimer`` wraps each stage method and
 writes per-stage host and GPU times; with ``SGLANG_DDTREE_SYNC_CHECK=warn|error`` each decode step
