@@ -327,8 +327,9 @@ def _pinned(srv: kit.Server) -> dict:
 
 
 def finish(res: dict, srv: kit.Server, args) -> None:
-    """The server's DDTREE log lines, commit-graph lines and sync warnings into ``res``; its log
-    tail printed when it failed; its log deleted when it passed (the device returns few files)."""
+    """The server's DDTREE log lines, commit-graph lines, budget switches (the count and the last
+    200) and sync warnings into ``res``; its log tail printed when it failed; its log deleted when
+    it passed (the device returns few files)."""
     lines = srv.log_text().splitlines()
     res["log_ddtree"] = [
         ln for ln in lines if "DDTREE" in ln or "ddtree" in ln or "sglang_spec" in ln
@@ -338,6 +339,11 @@ def finish(res: dict, srv: kit.Server, args) -> None:
     # the commit graphs' capture line and each (shape, batch size) whose steps missed them
     # (plugin.commit_graphs), whatever number of DDTREE lines came before
     res["log_commit"] = [ln for ln in lines if "DDTREE commit:" in ln][:20]
+    # --speculative-adaptive: every budget switch (plugin.worker._log_budget_switch), not only
+    # those among the first 20 DDTREE lines (session 40's ended with the greedy checks' switches)
+    switches = [ln for ln in lines if "DDTREE budget by batch size: bucket" in ln]
+    res["budget_switches"] = len(switches)
+    res["log_budget"] = switches[-200:]
     if not res["ok"]:
         print(
             f"--- {res['label']} FAILED ({res.get('error')}); log tail:\n"

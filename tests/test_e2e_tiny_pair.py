@@ -710,3 +710,31 @@ def test_a_runs_records_load_plain_or_xz_compressed(tmp_path):
     (tmp_path / "bad.json.xz").write_bytes(b"not xz")
     with pytest.raises(kit.HarnessError, match="--baseline .*bad.json.xz"):
         tiny_pair.load_baseline(str(tmp_path / "bad.json.xz"))
+
+
+def test_every_budget_switch_is_recorded_past_the_first_ddtree_lines(tmp_path, monkeypatch):
+    """e2e.json keeps the first 20 DDTREE lines; an adaptive server's budget switches come later
+    (session 40's records ended with its greedy checks' switches, none of the sweep's), so they are
+    kept apart: their count and the last 200 lines. The fake server logs one switch for each batch
+    size it first sees."""
+    config = str(REPO / "e2e" / "adaptive_budgets_tiny.json")
+    start = "\n".join(f"[fake] DDTREE start-up line {i}" for i in range(25))
+    assert (
+        _main(
+            tmp_path,
+            monkeypatch,
+            "ddtree63+adaptive",
+            "--adaptive-config",
+            config,
+            FAKE_START_LINE=start,
+        )
+        == 0
+    )
+    run = json.loads((tmp_path / "out" / "e2e.json").read_text())[0]
+    assert not any("runs budget" in ln for ln in run["log_ddtree"])  # cut at 20 start-up lines
+    # each request reaches the fake one prompt at a time: one switch, bucket 1
+    assert run["budget_switches"] == 1
+    assert run["log_budget"] == [
+        "[fake] DDTREE budget by batch size: bucket 1 runs budget 63 (was None); tau per budget "
+        "{63: 1.0}."
+    ]
