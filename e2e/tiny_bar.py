@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import statistics
 import sys
@@ -97,11 +98,15 @@ def load_runs(*runs: Sequence[Path]) -> dict[str, dict[int, list[dict]]]:
 
 
 def _load_run(folders: Sequence[Path]) -> dict[str, dict[int, list[dict]]]:
-    """One run: its servers' levels from ``folders``, one file a server in all of them."""
+    """One run: its servers' levels from ``folders``, one file a server in all of them
+    (``.jsonl``, or ``.jsonl.xz`` as the repository keeps them)."""
     run: dict[str, dict[int, list[dict]]] = {}
     for folder in folders:
-        for path in sorted(folder.glob("*.jsonl")):  # the servers' order: by file name
-            levels = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        # the servers' order: by file name
+        for path in sorted([*folder.glob("*.jsonl"), *folder.glob("*.jsonl.xz")]):
+            raw = path.read_bytes()
+            text = (lzma.decompress(raw) if path.suffix == ".xz" else raw).decode()
+            levels = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
             labels = {lv.get("label") for lv in levels}
             if len(labels) != 1 or None in labels:
                 raise kit.HarnessError(

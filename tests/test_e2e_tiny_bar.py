@@ -325,3 +325,18 @@ def test_an_interval_across_the_floor_is_open(tmp_path, capsys):
     assert tiny_bar.main([str(d), "--json", str(out)]) == 1
     row = json.loads(out.read_text())[0]
     assert (row["adaptive_over"]["best_fixed"]["resolved"], row["resolved"]) == ("open", "missed")
+
+
+def test_sweeps_kept_xz_compressed_read_as_the_plain_ones(tmp_path):
+    """The repository keeps sweeps as .jsonl.xz: the verdict over them is the plain files'."""
+    import lzma
+
+    d = _run(tmp_path, [(1, 1200), (2, 2208), (1, 800), (2, 1472)])
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for f in d.glob("*.jsonl"):
+        (packed / f"{f.name}.xz").write_bytes(lzma.compress(f.read_bytes()))
+    plain, xz = tmp_path / "plain.json", tmp_path / "xz.json"
+    assert tiny_bar.main([str(d), "--json", str(plain)]) == 0
+    assert tiny_bar.main([str(packed), "--json", str(xz)]) == 0
+    assert json.loads(xz.read_text()) == json.loads(plain.read_text())
