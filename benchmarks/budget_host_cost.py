@@ -2,8 +2,8 @@
 server adds to each decode step (no model runs; on the GPU when there is one).
 
 Per decode step the worker asks the controller for the step's budget (``BudgetController.choose``)
-and, for a step the controller measures (warm-up, probes, one step in ``measure_interval``),
-queues a host copy of the step's accepted node ids (``budget.host_copy``: pinned memory, a
+and, for a step the controller measures (``BudgetController.measure``: every step but those
+``measure_interval`` samples out while the bucket's budget measures every candidate), queues a host copy of the step's accepted node ids (``budget.host_copy``: pinned memory, a
 non-blocking copy), and, once they are on the host, sums them per measured budget
 (``accepted_tokens_within``) and feeds the sums to the moving averages (``observe``). A fixed
 budget does none of this. On the tiny pair the step is host-bound (about 3.5 ms at bs 1 on an
@@ -15,8 +15,8 @@ warm). This times the four calls at each batch size on random walks of the tiny 
 (verify width 64, accept width 16, the controller of ``e2e/adaptive_budgets_tiny_h200.json``), the
 copy from ``--device`` (default: cuda when there is one) and the rest on the host as the scheduler
 runs them, and prints a table of median host microseconds, with the mean a step at the config's
-``measure_interval`` (choose every step, the rest on one step in the interval); ``--json`` writes
-it.
+``measure_interval`` where the bucket's budget measures every candidate (the tiny pair's 63 does:
+choose every step, the rest on one step in the interval); ``--json`` writes it.
 """
 
 from __future__ import annotations
