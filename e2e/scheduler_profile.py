@@ -16,12 +16,11 @@ server's own calls).
 from __future__ import annotations
 
 import argparse
-import lzma
 import re
 from collections import Counter
 from pathlib import Path
 
-from e2e.tiny_pair import load_runs
+from e2e.tiny_pair import load_runs, read_text
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]*)(?::\d+)?\)$")
 
@@ -30,8 +29,7 @@ def read_folded(path: Path) -> tuple[Counter, int]:
     """(inclusive samples per ``func (file)``, total samples) of one py-spy raw file."""
     inclusive: Counter = Counter()
     total = 0
-    text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
-    for line in text.splitlines():
+    for line in read_text(path).splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import math
 import statistics
 import sys
@@ -63,7 +62,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from e2e import kit
-from e2e.tiny_pair import parse_server
+from e2e.tiny_pair import parse_server, read_text
 
 NEAR_BEST = 0.95  # the bar: within 5 % of the best fixed budget
 FLOORS = {"dflash": 1.0, "ar": 1.0, "best_fixed": NEAR_BEST}  # adaptive over each, at least
@@ -104,9 +103,7 @@ def _load_run(folders: Sequence[Path]) -> dict[str, dict[int, list[dict]]]:
     for folder in folders:
         # the servers' order: by file name
         for path in sorted([*folder.glob("*.jsonl"), *folder.glob("*.jsonl.xz")]):
-            raw = path.read_bytes()
-            text = (lzma.decompress(raw) if path.suffix == ".xz" else raw).decode()
-            levels = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+            levels = [json.loads(ln) for ln in read_text(path).splitlines() if ln.strip()]
             labels = {lv.get("label") for lv in levels}
             if len(labels) != 1 or None in labels:
                 raise kit.HarnessError(

@@ -861,11 +861,16 @@ def load_prompts(path: str, num: int) -> list[str]:
     return [json.loads(ln)["prompt"] for ln in open(path) if ln.strip()][:num]
 
 
+def read_text(path: str | Path) -> str:
+    """A results file's text, plain or xz-compressed (``.xz``: the results kept in the repository,
+    which a device call carries, are compressed)."""
+    raw = Path(path).read_bytes()
+    return (lzma.decompress(raw) if str(path).endswith(".xz") else raw).decode()
+
+
 def load_runs(path: str) -> list[dict]:
-    """A run's server records (its ``e2e.json``), plain or xz-compressed (``.xz``: the results kept
-    in the repository, which a device call carries, are compressed)."""
-    with (lzma.open if path.endswith(".xz") else open)(path, "rt") as f:
-        return json.load(f)
+    """A run's server records (its ``e2e.json`` or ``e2e.json.xz``, :func:`read_text`)."""
+    return json.loads(read_text(path))
 
 
 def load_baseline(path: str) -> dict:

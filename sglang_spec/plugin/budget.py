@@ -14,7 +14,7 @@ expected throughput
 * ``tau(B)``: accepted tokens per request per step (the bonus token included, SGLang's
   ``accept_lens``), an exponential moving average tracked online per budget.
 
-Only DDTREE's own modules use this one; it imports neither SGLang nor torch at module level.
+Only DDTREE's own modules use this one; it imports no SGLang.
 
 Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)::
 
@@ -83,6 +83,7 @@ from typing import Any
 
 import torch
 
+from sglang_spec.tree.build import nested_in
 from sglang_spec.tree.head import captured_batch_size
 
 CONFIG_KEYS = (
@@ -269,8 +270,6 @@ class BudgetController:
     def _nested_candidates(self, budget: int) -> tuple[int, ...]:
         if not self.nested:
             return (budget,)
-        from sglang_spec.tree.build import nested_in  # torch: not at module level
-
         return tuple(b for b in self.policy.budgets if nested_in(b, budget, self.horizon))
 
     def _measuring_budget(self, bucket: int, want: int) -> int:
