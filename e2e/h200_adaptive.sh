@@ -36,6 +36,15 @@
 # same budget; its own cost or its block's).
 # PACK_OUT=1 (on the device): at the end $OUT holds one file, all.tar.xz, with everything the parts
 # wrote (`tar xJf all.tar.xz` here): a call returns at most 8 files (session 38 lost a sweep).
+# PARTS="costs interleaved": the cost table measured on this machine first. costs: one fixed
+# DDTREE server per candidate budget of ADAPTIVE_CONFIG (ddtree<B>$MODS), interleaved and rotated like
+# the interleaved part, for COSTS_LIMIT_S (260) from this script's start; then e2e.sweep_costs --base
+# ADAPTIVE_CONFIG writes $OUT/costs/adaptive_config.json (the config with every measured cell
+# replaced), which the interleaved part's adaptive server then runs (session 40: the shipped tiny
+# table, measured in session 16 before fused norms and commit graphs, priced DDTREE(63)'s step at
+# 7.55 ms at C = 1 where the fixed server now takes 3.8, and 15 5 % cheaper than 63, so bucket 1
+# ran the chain). COSTS_KEEP=FILE also copies the table there (e.g. .whl/tiny_costs.json: ignored
+# paths outlive a call on a warm device machine, for a second call's ADAPTIVE_CONFIG).
 # ADAPTIVE_CONFIG=FILE replaces the switching exercise with a measured table: between the two
 # calls, on any machine,
 #   python -m e2e.sweep_costs $OUT/fixed/sweeps/ddtree*.jsonl --write-config e2e/adaptive_budgets_tiny_h200.json
@@ -108,11 +117,33 @@ sys.exit(0 if any(r["label"].startswith("ar") and r["ok"] for r in json.load(ope
   verify_states "$OUT/adaptive/e2e.json" || { echo "adaptive: no verify-states log line"; rc=1; }
   tail -n 30 "$OUT/adaptive.log"
 fi
+rotate=()
+[ -n "${ROTATE_CPUS:-}" ] && rotate=(--rotate-cpus)
+if [[ " $PARTS " == *" costs "* ]]; then
+  base=${ADAPTIVE_CONFIG:?PARTS=costs measures the candidates of ADAPTIVE_CONFIG: give one}
+  servers=$("$SGLANG_KIT_PYTHON" -c 'import sys
+from sglang_spec.plugin.config import load_budget_policy
+print(",".join(f"ddtree{b}{sys.argv[2]}" for b in load_budget_policy(sys.argv[1]).budgets))' "$base" "$MODS") || exit 2
+  left=$((${COSTS_LIMIT_S:-260} - SECONDS))
+  timeout "$left" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/costs" "${common[@]}" \
+    --interleave --time-limit "$((left - 5))" --servers "$servers" "${rotate[@]}" >"$OUT/costs.log" 2>&1
+  status=$?
+  echo "costs rc $status" | tee -a "$OUT/costs.log"
+  tail -n 12 "$OUT/costs.log"
+  if [ $status -eq 0 ] && "$SGLANG_KIT_PYTHON" -m e2e.sweep_costs "$OUT"/costs/sweeps/ddtree*.jsonl \
+    --base "$base" --write-config "$OUT/costs/adaptive_config.json"; then
+    ADAPTIVE_CONFIG=$OUT/costs/adaptive_config.json
+    [ -n "${COSTS_KEEP:-}" ] && cp "$ADAPTIVE_CONFIG" "$COSTS_KEEP"
+  else
+    rc=1
+    PARTS=${PARTS/interleaved/}  # not the adaptive server on the stale table it was to replace
+    echo "costs: no measured table; the interleaved part does not run"
+  fi
+fi
 if [[ " $PARTS " == *" interleaved "* ]]; then
-  rotate=()
-  [ -n "${ROTATE_CPUS:-}" ] && rotate=(--rotate-cpus)
-  timeout "${INTERLEAVED_LIMIT_S:-560}" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
-    "${common[@]}" --interleave --time-limit "$((${INTERLEAVED_LIMIT_S:-560} - 5))" \
+  left=$((${INTERLEAVED_LIMIT_S:-560} - SECONDS))  # from this script's start
+  timeout "$left" "$SGLANG_KIT_PYTHON" -m e2e.tiny_pair --out "$OUT/interleaved" \
+    "${common[@]}" --interleave --time-limit "$((left - 5))" \
     --servers "${FIXED_SERVERS:-ar+graphs,dflash+graphs,ddtree15${MODS},ddtree63${MODS}},ddtree63${MODS}+adaptive" \
     "${rotate[@]}" \
     --adaptive-config "${ADAPTIVE_CONFIG:-$PWD/e2e/adaptive_budgets_tiny.json}" >"$OUT/interleaved.log" 2>&1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -14,8 +15,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 STUB = """#!/usr/bin/env bash
-if [ "$1" = "-c" ]; then exec python3 "$@"; fi
+if [ "$1" = "-c" ]; then exec "$STUB_PY" "$@"; fi
 echo "$*" >> "$STUB_CALLS"
+if [ "$2" = "e2e.sweep_costs" ]; then  # the table it would write: the base config's
+  "$STUB_PY" -c 'import shutil, sys; a = sys.argv; shutil.copy(a[a.index("--base") + 1], a[a.index("--write-config") + 1])' "$@"
+  exit "${STUB_COSTS_RC:-0}"
+fi
 out=$(python3 -c 'import sys; a = sys.argv; print(a[a.index("--out") + 1])' "$@")
 mkdir -p "$out" && cp "$STUB_E2E" "$out/e2e.json"
 exit "${STUB_RC:-0}"
@@ -35,6 +40,7 @@ def run(tmp_path, e2e: list, **env) -> tuple[int, list[str]]:
     full = {
         **os.environ,
         "SGLANG_KIT_PYTHON": str(stub),
+        "STUB_PY": sys.executable,
         "STUB_CALLS": str(calls),
         "STUB_E2E": str(tmp_path / "e2e.json"),
         "OUT": str(tmp_path / "out"),
@@ -183,3 +189,61 @@ def test_pack_out_leaves_one_archive_with_everything_the_parts_wrote(tmp_path):
     with tarfile.open(tmp_path / "out" / "all.tar.xz", "r:xz") as tar:
         names = {n.removeprefix("./") for n in tar.getnames()}
     assert {"fixed/e2e.json", "fixed.log"} <= names, names
+
+
+def test_costs_part_measures_the_configs_candidates_and_the_adaptive_server_runs_that_table(
+    tmp_path,
+):
+    """PARTS="costs interleaved": one fixed DDTREE server per candidate budget of ADAPTIVE_CONFIG,
+    rotated like the interleaved part, their sweeps turned into a table on the config, and the
+    adaptive server runs that table, not the shipped one (session 40: a table from session 16 sent
+    bucket 1 to the chain)."""
+    mods = "+graphs+patched+replayssm+fusednorms"
+    e2e = [{"label": f"ddtree63{mods}+adaptive", "ok": True, "log_ddtree": [STATES]}]
+    config = REPO / "e2e/adaptive_budgets_tiny_h200.json"
+    keep = tmp_path / "kept.json"
+    rc, calls = run(
+        tmp_path,
+        e2e,
+        PARTS="costs interleaved",
+        MODS=mods,
+        ADAPTIVE_CONFIG=str(config),
+        PIN_CPUS="1",
+        ROTATE_CPUS="1",
+        COSTS_LIMIT_S="200",
+        COSTS_KEEP=str(keep),
+    )
+    assert rc == 0 and len(calls) == 4, calls
+    costs, table, interleaved = (c.split() for c in calls[:3])
+    assert costs[costs.index("--out") + 1] == str(tmp_path / "out/costs")
+    assert costs[costs.index("--servers") + 1] == f"ddtree15{mods},ddtree63{mods}"
+    assert {"--interleave", "--pin-cpus", "--rotate-cpus"} <= set(costs)
+    assert 185 <= int(costs[costs.index("--time-limit") + 1]) <= 195  # 5 s under what is left
+    assert table[:2] == ["-m", "e2e.sweep_costs"]
+    assert table[table.index("--base") + 1] == str(config)
+    measured = str(tmp_path / "out/costs/adaptive_config.json")
+    assert table[table.index("--write-config") + 1] == measured
+    assert interleaved[interleaved.index("--adaptive-config") + 1] == measured
+    assert keep.read_text() == config.read_text()  # the stub's table is the base's
+    assert 545 <= int(interleaved[interleaved.index("--time-limit") + 1]) <= 555
+
+
+@pytest.mark.parametrize("failing", ["STUB_RC", "STUB_COSTS_RC"])
+def test_without_a_measured_table_the_adaptive_server_does_not_run(tmp_path, failing):
+    """A costs part cut by its timeout, or a table sweep_costs refused, fails the script, and the
+    interleaved part does not run the stale table it was to replace."""
+    rc, calls = run(
+        tmp_path,
+        [],
+        PARTS="costs interleaved",
+        ADAPTIVE_CONFIG=str(REPO / "e2e/adaptive_budgets_tiny_h200.json"),
+        **{failing: "124"},
+    )
+    assert rc == 1
+    assert not any("--adaptive-config" in c for c in calls), calls
+    assert not (tmp_path / "out/costs/adaptive_config.json").exists() or failing == "STUB_COSTS_RC"
+
+
+def test_costs_part_needs_a_config_to_measure(tmp_path):
+    rc, calls = run(tmp_path, [], PARTS="costs")
+    assert rc != 0 and calls == []
