@@ -303,10 +303,11 @@ class BudgetController:
             if self.on_switch is not None:
                 self.on_switch(bucket, current, best, dict(self.tau))
             self._current[bucket] = current = best
-        # a budget blind to some candidate is measured every step (its probes too: only such a
-        # budget has them)
-        self._measure_next(forced=any(b not in self.measured_by(current) for b in candidates))
-        return self._probe_or(bucket, current)
+        # the candidates current's steps do not measure: a budget blind to some is measured every
+        # step (its probes too: only such a budget has them)
+        blind = [b for b in candidates if b not in self.measured_by(current)]
+        self._measure_next(forced=bool(blind))
+        return self._probe_or(bucket, current, blind)
 
     def _measure_next(self, forced: bool) -> None:
         """Set ``measure`` for the step just chosen: ``forced``, or ``measure_interval`` steps
@@ -316,12 +317,12 @@ class BudgetController:
         if self.measure:
             self._since_measure = 0
 
-    def _probe_or(self, bucket: int, current: int) -> int:
+    def _probe_or(self, bucket: int, current: int, blind: list[int]) -> int:
         """The probe when one is due, else ``current`` (module docstring: the probe is the largest
-        budget that measures the least recently measured candidate ``current`` does not measure;
-        its period is ``probe_interval`` steps scaled by its cost over ``current``'s)."""
+        budget that measures the least recently measured of ``blind``, the candidates ``current``
+        does not measure; its period is ``probe_interval`` steps scaled by its cost over
+        ``current``'s)."""
         interval = self.policy.probe_interval
-        blind = [b for b in self.policy.cost_ms[bucket] if b not in self.measured_by(current)]
         if not interval or not blind:
             return current
         stalest = min(blind, key=lambda b: (self._measured_at.get(b, -1), -b))
