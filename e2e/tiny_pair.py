@@ -40,7 +40,9 @@ physical cores of their own, its scheduler on the block's first core alone once 
 (``kit.cpu_blocks``): session 31's stage timer saw every server's loop period move 1.8x between
 runs of steps, the host's Python slowing as a whole, which no level interleaving averages out.
 ``--rotate-cpus`` then moves every server to the next server's block before each pass of the
-sweep (``kit.move_group``), so that a slower core weighs on every server alike.
+sweep (``kit.move_group``), so that a slower core weighs on every server alike, and rotates the
+servers' order at every concurrency by one more (``loadtests.sweep --first-server``), so that no
+server always runs first, or last, at some concurrency.
 With ``--abort-check N`` it ends each server's exercise with the no-slots-lost check of
 :mod:`e2e.slots` (N concurrent streams, a quarter aborted mid-stream, the KV and mamba pools' free
 counts before = after, a clean log; the servers get ``--enable-metrics``), prints its table, writes
@@ -423,8 +425,9 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> list[list[list[int
     server's scheduler was found, and the time of a fixed piece of CPython work on the harness's
     CPUs (``--cpu-probe``, loadtests/cpu_probe.py). With ``--rotate-cpus`` one sweep a pass of
     ``--sweep`` (:func:`sweep_passes`), each server moved before it to the block ``passes`` further
-    on among the servers' blocks (``kit.move_group``); returns each server's blocks, pass by pass
-    (None without rotation)."""
+    on among the servers' blocks (``kit.move_group``) and the servers' order at each concurrency
+    rotated by the pass's index (``--first-server``: one sweep's order at a concurrency is fixed);
+    returns each server's blocks, pass by pass (None without rotation)."""
     os.makedirs(os.path.join(args.out, "sweeps"), exist_ok=True)
     watch = all(srv.scheduler_pid is not None for _, srv in servers)
     each = []
@@ -469,7 +472,7 @@ def load_test(servers: list[tuple[str, kit.Server]], args) -> list[list[list[int
             visited.append(sorted(block))
             where.append(f"{label}: {_cpus_text(block)}")
         print(f"pass {k + 1} (C = {levels}) on CPUs {'; '.join(where)}", flush=True)
-        subprocess.run([*sweep, "--concurrency", levels], check=True)
+        subprocess.run([*sweep, "--concurrency", levels, "--first-server", str(k)], check=True)
     return moved
 
 

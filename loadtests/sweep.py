@@ -23,7 +23,10 @@ level before the next concurrency starts, the order rotating by one server per l
 machine whose speed drifts (a launch-bound tiny model on a shared host: the same server's level
 moved by up to 1.4x between passes a minute apart, session 25) slows all of them alike, and their
 ratios hold where their absolute figures do not. Each server's levels go to its own ``--output``,
-tagged with the labels of the servers it was interleaved with.
+tagged with the labels of the servers it was interleaved with and its ``place`` in that
+concurrency's order (0: first). Within one sweep a concurrency's order is the same at every repeat
+of the sweep; ``--first-server K`` rotates it by K more, so a caller that runs passes as separate
+sweeps (``e2e/tiny_pair.py --rotate-cpus``) gives each server each place in turn.
 
 Robustness: every request has a timeout (``--request-timeout``); HTTP/SSE errors and timeouts are
 counted per level, never fatal; issuing stops at ``--max-level-seconds``; no concurrency starts
@@ -280,6 +283,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="start no concurrency at or after this wall-clock time (seconds since the epoch, as "
         "`date +%%s` prints); the levels of a concurrency started before it all run: a caller "
         "with a hard time limit (a device call) ends its sweep whole",
+    )
+    p.add_argument(
+        "--first-server",
+        type=nonneg_int,
+        default=0,
+        metavar="K",
+        help="with several --base-url: rotate the servers' order at every concurrency by K more "
+        "(a caller that runs its passes as separate sweeps gives pass k's sweep K = k, so at each "
+        "concurrency every server takes every place in the order in turn)",
     )
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=256, help="output tokens per request"
@@ -611,10 +623,12 @@ class Target:
     watch_pid: int | None = None  # its records' host counters follow this process (--watch-pid)
 
 
-def interleaved(targets: list, level: int) -> list:
+def interleaved(targets: list, level: int, first: int = 0) -> list:
     """The servers' order at the ``level``-th concurrency: rotated by one per level, so none of
-    them always runs first (module docstring)."""
-    k = level % len(targets)
+    them always runs first (module docstring), and by ``first`` more (``--first-server``: within
+    one sweep a concurrency's order is fixed, so passes run as separate sweeps rotate it by their
+    index, and a server's place in it is no confound of a comparison at that concurrency)."""
+    k = (first + level) % len(targets)
     return targets[k:] + targets[:k]
 
 
@@ -624,8 +638,10 @@ async def run_sweep(
     interrupt: Interrupt | None = None,
     gpu: Callable[[], gpu_clocks.GpuSample] | None = None,
     probe: cpu_probe.CpuProbe | None = None,
+    first: int = 0,
 ) -> list[dict]:
-    """Every target's levels, interleaved; ``gpu`` (GPU 0's clocks, NVML) and ``probe`` (the
+    """Every target's levels, interleaved (:func:`interleaved`, ``first``: ``--first-server``);
+    ``gpu`` (GPU 0's clocks, NVML) and ``probe`` (the
     host's CPU, ``--cpu-probe``) are read around every level, whichever server it is. No
     concurrency starts once the clock has passed ``--stop-at``; one started runs every server's
     level."""
@@ -647,9 +663,11 @@ async def run_sweep(
                     file=sys.stderr,
                 )
                 break
-            for t in interleaved(targets, i):
+            for place, t in enumerate(interleaved(targets, i, first)):
                 if stop.is_set():
                     break
+                if len(targets) > 1:
+                    t.meta["place"] = place  # its record's: 0, first at this concurrency
                 records.append(await _run_recorded_level(s, t, c, prompts, stop, gpu, probe))
     return records
 
@@ -814,7 +832,7 @@ async def _amain(args: argparse.Namespace, cfg: SweepConfig, prompts: list[str])
                 t.meta["interleaved_with"] = [u.meta["label"] for u in targets if u is not t]
         gpu = gpu_clocks.nvml_reader()  # GPU 0, the servers' one (loadtests/gpu_clocks.py)
         with cpu_probe.CpuProbe() if args.cpu_probe else contextlib.nullcontext() as probe:
-            records = await run_sweep(targets, prompts, interrupt, gpu, probe)
+            records = await run_sweep(targets, prompts, interrupt, gpu, probe, args.first_server)
     except asyncio.CancelledError:
         print("[sweep] aborted; levels already finished are in the output", file=sys.stderr)
         return 130

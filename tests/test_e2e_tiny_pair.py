@@ -138,8 +138,9 @@ def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
 ):
     """--rotate-cpus: one sweep a pass of --sweep (a pass starts at each level not above the one
     before), and before pass k server i runs, its whole process group, on the servers' block
-    (i + k); e2e.json lists each server's blocks by pass. Without --pin-cpus, --interleave and
-    --sweep it is refused before anything starts."""
+    (i + k), and the servers' order at each concurrency is rotated by k (--first-server), each
+    record naming its place; e2e.json lists each server's blocks by pass. Without --pin-cpus,
+    --interleave and --sweep it is refused before anything starts."""
     cpus, _ = one_cpu_blocks
     first, second = cpus[:1], cpus[-1:]
     flushes = tmp_path / "flushes.jsonl"
@@ -148,8 +149,13 @@ def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
     assert _main(tmp_path, monkeypatch, "dflash,ddtree16", *flags, FAKE_FLUSHES=str(flushes)) == 0
     calls = [json.loads(ln) for ln in (tmp_path / "calls.jsonl").read_text().splitlines()]
     seen: dict[int, list] = {c["pid"]: [] for c in calls}
-    for f in map(json.loads, flushes.read_text().splitlines()):
+    flushed = list(map(json.loads, flushes.read_text().splitlines()))
+    for f in flushed:
         seen[f["pid"]].append((f["server"], f["sched"]))
+    # the levels' order, server 0 or 1 (after any check's flushes): C = 1, 2 of pass 1 rotated
+    # by one per level, pass 2's one more, pass 3's (C = 1) two more
+    server = {c["pid"]: i for i, c in enumerate(calls)}
+    assert [server[f["pid"]] for f in flushed[-10:]] == [0, 1, 1, 0, 1, 0, 0, 1, 0, 1]
     want = [[first] * 2 + [second] * 2 + [first], [second] * 2 + [first] * 2 + [second]]
     for call, blocks_wanted in zip(calls, want, strict=True):
         levels = seen[call["pid"]][-5:]  # the sweep's five levels, after any check's flushes
@@ -158,9 +164,10 @@ def test_rotate_cpus_moves_every_server_to_the_next_block_before_each_pass(
     assert [r["cpus_by_pass"] for r in runs] == [[first, second, first], [second, first, second]]
     out = capsys.readouterr().out
     assert f"pass 2 (C = 1,2) on CPUs dflash: {second[0]}; ddtree16: {first[0]}" in out
-    for name in ("dflash.jsonl", "ddtree16.jsonl"):
-        lines = (tmp_path / "out" / "sweeps" / name).read_text().splitlines()
-        assert [json.loads(ln)["max_concurrency"] for ln in lines] == [1, 2, 1, 2, 1]
+    for name, places in (("dflash.jsonl", [0, 1, 1, 0, 0]), ("ddtree16.jsonl", [1, 0, 0, 1, 1])):
+        records = [json.loads(ln) for ln in (tmp_path / "out" / "sweeps" / name).open()]
+        assert [r["max_concurrency"] for r in records] == [1, 2, 1, 2, 1]
+        assert [r["place"] for r in records] == places
     assert tiny_pair.sweep_passes("1,2,4,1,2,4,4,1") == ["1,2,4", "1,2,4", "4", "1"]
     for extra in (sweep, ("--interleave", *sweep), ("--pin-cpus", "--interleave")):
         assert _main(tmp_path / "refused", monkeypatch, "dflash", "--rotate-cpus", *extra) == 2

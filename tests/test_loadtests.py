@@ -646,7 +646,37 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     assert {r["interleaved_with"][0] for r in ar_levels} == {"DFLASH"}
     assert {r["interleaved_with"][0] for r in dflash_levels} == {"AR"}
     assert len({r["sweep_id"] for r in ar_levels + dflash_levels}) == 1
-    assert all("interleaved_with" not in r for r in _levels_of_one_server(tmp_path, pf))
+    assert [r["place"] for r in ar_levels] == [0, 1, 0] and [r["place"] for r in dflash_levels] == [
+        1,
+        0,
+        1,
+    ]
+    alone = _levels_of_one_server(tmp_path, pf)
+    assert all("interleaved_with" not in r and "place" not in r for r in alone)
+
+
+def test_first_server_rotates_every_concurrencys_order_by_that_many_more(tmp_path, monkeypatch):
+    """--first-server K: the order at the i-th concurrency rotated by K + i, so passes run as
+    separate sweeps (K = the pass) give each server each place at each concurrency."""
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    order = _record_order(monkeypatch)
+    outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
+    with (
+        serve_in_thread(KPerStep(1), model_name="m") as ar,
+        serve_in_thread(KPerStep(4), model_name="m") as dflash,
+    ):
+        argv = _ar_and_dflash(ar, dflash, outs, pf) + ["--num-requests", "1", "--warmup", "0"]
+        assert sweep.main(argv + ["--max-new-tokens", "2", "--first-server", "3"]) == 0
+    assert order == [("DFLASH", 1), ("AR", 1), ("AR", 2), ("DFLASH", 2), ("DFLASH", 4), ("AR", 4)]
+    assert [r["place"] for r in _levels(outs[1])] == [0, 1, 0]
+
+
+def test_first_server_must_be_a_count(tmp_path, capsys):
+    pf = _write_prompts(tmp_path / "p.jsonl")
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--prompts", str(pf), "--first-server", "-1"])
+    assert e.value.code == 2
+    assert "argument --first-server: got '-1'; valid: an integer >= 0" in capsys.readouterr().err
 
 
 def test_no_concurrency_starts_after_stop_at_and_a_started_one_runs_whole(tmp_path, monkeypatch):
