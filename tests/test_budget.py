@@ -152,12 +152,38 @@ def test_tau_is_an_ema_of_the_measured_budgets():
     ctl.observe(63, [8.0, 10.0, 12.0], num_requests=4)
     assert ctl.tau == {15: 2.0, 31: 2.5, 63: 3.0}
     ctl.observe(31, [16.0, 20.0], num_requests=4)
-    assert ctl.tau == {15: 2.5, 31: 3.125, 63: 3.0}  # 3/4 of the old value + 1/4 of 4.0, 5.0
+    # 3/4 of the old value + 1/4 of 4.0, 5.0; 63's, left at 3.0 by a step blind to it, is raised
+    # to 31's: a tree accepts at least what a tree nested in it does
+    assert ctl.tau == {15: 2.5, 31: 3.125, 63: 3.125}
     assert ctl.evidence == {15: 2, 31: 2, 63: 1}
     ctl.observe(7, [1.0, 1.0], num_requests=0)  # an empty step changes nothing
     assert 7 not in ctl.tau
     with pytest.raises(ValueError, match=r"budget 63 measures budgets \[15, 31, 63\]; got 2"):
         ctl.observe(63, [1.0, 2.0], num_requests=1)
+
+
+def test_a_stale_tau_of_a_larger_nested_budget_follows_the_smaller_ones_up():
+    """Session 42 (the tiny pair's measured table): bucket 1 ran the chain (15, blind to 63)
+    through repetitive text. Its fresh tau(15) rose past the tau(63) left from before, and bucket 4,
+    settled at 63, went to 15 (1.7 % cheaper there) for a step, until 15's own tau fell. On any step
+    63's tree accepts at least what 15's does, so tau(63) follows tau(15) up and bucket 4 stays."""
+    table = {
+        "cost_ms": {"1": {"15": 3.229, "63": 3.42}, "4": {"15": 4.835, "63": 4.919}},
+        "warmup_steps": 1,
+        "probe_interval": 0,
+    }
+    ctl = _controller(table, tau={15: 12.0, 63: 14.5})
+    assert ctl.measured_by(63) == (15, 63) and ctl.measured_by(15) == (15,)
+    assert ctl.choose(4) == 63
+    ctl.tau[15] = 14.4  # as 63's steps measured it: the chain is 5.6 % cheaper at C = 1
+    assert ctl.choose(1) == 15
+    for _ in range(6):  # the chain's own steps, blind to 63, accept 15.5 tokens
+        ctl.observe(15, [15.5], 1)
+    assert ctl.tau[15] > 15.0 and ctl.tau[63] == ctl.tau[15]
+    assert ctl.choose(4) == 63 and ctl.choose(1) == 15
+    ctl.observe(15, [1.0], 1)  # the repetition ends: 15 falls, 63 keeps its bound
+    assert ctl.tau[15] < 12.5 < ctl.tau[63]
+    assert ctl.choose(1) == 63
 
 
 def test_without_nesting_a_step_measures_only_its_own_budget():

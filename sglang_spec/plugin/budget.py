@@ -69,7 +69,9 @@ slot indices grow along every path, so the tree of budget b accepts exactly the 
 the B-tree whose slot is <= b (for greedy verification; for sampling, in distribution).
 :func:`accepted_tokens_within` computes that (the worker runs it on the host copy of a step's
 accepted node ids), and one step at B updates tau of every candidate it measures
-(:meth:`BudgetController.measured_by`), not only B's.
+(:meth:`BudgetController.measured_by`), not only B's. For the same reason a budget's tau is kept
+at least that of every candidate nested in it: a larger budget's tau, left behind by steps blind
+to it, follows a smaller one's up.
 """
 
 from __future__ import annotations
@@ -354,6 +356,18 @@ class BudgetController:
             self.tau[b] = x if b not in self.tau else (1.0 - a) * self.tau[b] + a * x
             self.evidence[b] = self.evidence.get(b, 0) + 1
             self._measured_at[b] = self._observed
+        self._keep_nested_order()
+
+    def _keep_nested_order(self) -> None:
+        """Raise each budget's tau to the largest of the candidates nested in it: on any step a
+        tree accepts at least what a tree nested in it accepts, so a smaller budget's tau above a
+        larger one's means the larger one's is stale, left by steps blind to it (a bucket at the
+        chain, 15, cannot measure 63; session 42: its fresh tau(15) of 15.5 beside a stale
+        tau(63) of 14.2 sent another bucket to 15 for one step, whose own tau then fell)."""
+        for big in self.tau:
+            for small in self.measured_by(big):
+                if self.tau.get(small, 0.0) > self.tau[big]:
+                    self.tau[big] = self.tau[small]
 
 
 def host_copy(accept_index: torch.Tensor) -> torch.Tensor:
