@@ -617,12 +617,9 @@ def _ar_and_dflash(ar, dflash, outs: list[Path], prompts: Path) -> list[str]:
     )
 
 
-def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
-    tmp_path, monkeypatch
-):
-    """Two servers in one sweep: at every concurrency both run their level before the next
-    concurrency, the first server rotating by one per level; each server's records (its label,
-    its tokens per step) go to its own output, tagged with the other's label and one sweep id."""
+def _interleaved_pair(tmp_path, monkeypatch, *args: str) -> tuple[list, list[Path], dict]:
+    """AR (1 token a step) and DFLASH (4) swept together with ``args``: the levels' order, the
+    two outputs, the requests each served."""
     pf = _write_prompts(tmp_path / "p.jsonl")
     order = _record_order(monkeypatch)
     outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
@@ -630,10 +627,20 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
         serve_in_thread(KPerStep(1), model_name="m") as ar,
         serve_in_thread(KPerStep(4), model_name="m") as dflash,
     ):
-        argv = _ar_and_dflash(ar, dflash, outs, pf)
-        rc = sweep.main(argv + ["--num-requests", "4", "--max-new-tokens", "8", "--warmup", "1"])
-        assert rc == 0
+        assert sweep.main(_ar_and_dflash(ar, dflash, outs, pf) + list(args)) == 0
         served = {"AR": len(ar.server.completed), "DFLASH": len(dflash.server.completed)}
+    return order, outs, served
+
+
+def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
+    tmp_path, monkeypatch
+):
+    """Two servers in one sweep: at every concurrency both run their level before the next
+    concurrency, the first server rotating by one per level; each server's records (its label,
+    its tokens per step) go to its own output, tagged with the other's label and one sweep id."""
+    order, outs, served = _interleaved_pair(
+        tmp_path, monkeypatch, "--num-requests", "4", "--max-new-tokens", "8", "--warmup", "1"
+    )
     assert order == [("AR", 1), ("DFLASH", 1), ("DFLASH", 2), ("AR", 2), ("AR", 4), ("DFLASH", 4)]
     assert served == {"AR": 13, "DFLASH": 13}  # a warm-up request and 3 levels of 4 each
     ar_levels, dflash_levels = _levels(outs[0]), _levels(outs[1])
@@ -646,27 +653,27 @@ def test_several_servers_run_their_levels_interleaved_each_into_its_own_output(
     assert {r["interleaved_with"][0] for r in ar_levels} == {"DFLASH"}
     assert {r["interleaved_with"][0] for r in dflash_levels} == {"AR"}
     assert len({r["sweep_id"] for r in ar_levels + dflash_levels}) == 1
-    assert [r["place"] for r in ar_levels] == [0, 1, 0] and [r["place"] for r in dflash_levels] == [
-        1,
-        0,
-        1,
-    ]
-    alone = _levels_of_one_server(tmp_path, pf)
+    assert [r["place"] for r in ar_levels] == [0, 1, 0]
+    assert [r["place"] for r in dflash_levels] == [1, 0, 1]
+    alone = _levels_of_one_server(tmp_path, tmp_path / "p.jsonl")
     assert all("interleaved_with" not in r and "place" not in r for r in alone)
 
 
 def test_first_server_rotates_every_concurrencys_order_by_that_many_more(tmp_path, monkeypatch):
     """--first-server K: the order at the i-th concurrency rotated by K + i, so passes run as
     separate sweeps (K = the pass) give each server each place at each concurrency."""
-    pf = _write_prompts(tmp_path / "p.jsonl")
-    order = _record_order(monkeypatch)
-    outs = [tmp_path / "ar.jsonl", tmp_path / "dflash.jsonl"]
-    with (
-        serve_in_thread(KPerStep(1), model_name="m") as ar,
-        serve_in_thread(KPerStep(4), model_name="m") as dflash,
-    ):
-        argv = _ar_and_dflash(ar, dflash, outs, pf) + ["--num-requests", "1", "--warmup", "0"]
-        assert sweep.main(argv + ["--max-new-tokens", "2", "--first-server", "3"]) == 0
+    order, outs, _ = _interleaved_pair(
+        tmp_path,
+        monkeypatch,
+        "--num-requests",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--warmup",
+        "0",
+        "--first-server",
+        "3",
+    )
     assert order == [("DFLASH", 1), ("AR", 1), ("AR", 2), ("DFLASH", 2), ("DFLASH", 4), ("AR", 4)]
     assert [r["place"] for r in _levels(outs[1])] == [0, 1, 0]
 
