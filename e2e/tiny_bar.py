@@ -44,6 +44,12 @@ slowed down, a slower probe unit a slower CPU. The loop's time on a CPU follows 
 the cause (it spins on the GPU; session 38: 97-98 % of every level, while the gaps of every
 server moved between 4.0 and 6.3 ms at C = 1).
 
+Whether a server's place in a concurrency's order moves its level: where the levels name it
+(``place``, ``loadtests.sweep`` since session 42, whose passes at one C all ran the servers in one
+order until ``--first-server`` rotated it by the pass), a last table gives each server's levels
+over its own median at that C, by place, pooled over C: below 1 at place 0, say, a server that
+runs slower first.
+
 A pass in which some server's level did not complete (0 tokens/s or ``interrupted``: a pass cut by
 a time-out) is left out at that C (``skipped_passes``).
 
@@ -295,7 +301,39 @@ def _steps(steps: list[dict], servers, adaptive: str, dflash: str, per_pass) -> 
     }
 
 
-def markdown(rows: list[dict]) -> str:
+def place_effect(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, list[float]]]:
+    """{server: {place: [its complete levels' tokens/s over its median at their C]}}, from the
+    levels that name their place in the concurrency's order; empty when none does."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for label, by_c in runs.items():
+        for levels in by_c.values():
+            done = [float(lv["output_throughput"]) for lv in levels if complete(lv)]
+            placed = [lv for lv in levels if complete(lv) and "place" in lv]
+            for lv in placed:
+                share = float(lv["output_throughput"]) / statistics.median(done)
+                out.setdefault(label, {}).setdefault(int(lv["place"]), []).append(share)
+    return out
+
+
+def _place_markdown(places: dict[str, dict[int, list[float]]]) -> list[str]:
+    if not places:
+        return []
+    count = 1 + max(p for by_place in places.values() for p in by_place)
+    lines = _captioned_head(
+        "Each server's levels over its own median at their C, by its place in the concurrency's "
+        "order (0: first), pooled over C: median (levels):",
+        ["server", *(f"place {p}" for p in range(count))],
+    )
+    for label, by_place in places.items():
+        cells = [label]
+        for p in range(count):
+            got = by_place.get(p)
+            cells.append(f"{statistics.median(got):.3f} ({len(got)})" if got else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(rows: list[dict], places: dict[str, dict[int, list[float]]] | None = None) -> str:
     servers = list(rows[0]["tokens_per_s"])
     head = ["C", "passes", *servers, "adaptive / DFLASH", "adaptive / AR", "adaptive / best fixed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -314,6 +352,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += _steps_markdown(rows, servers)
     lines += _host_markdown(rows, servers)
+    lines += _place_markdown(places or {})
     missed = [r["concurrency"] for r in rows if not r["met"]]
     lines.append("")
     lines.append(
@@ -416,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     except (kit.HarnessError, KeyError, ValueError) as e:
         print(f"python -m e2e.tiny_bar: {e}", file=sys.stderr)
         return 2
-    print(markdown(rows))
+    print(markdown(rows, place_effect(runs)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0 if all(r["met"] for r in rows) else 1

@@ -228,6 +228,43 @@ def test_the_ratios_split_into_tokens_per_step_and_step_rate(tmp_path, capsys):
     assert "Tokens per verify step" not in capsys.readouterr().out
 
 
+def test_each_servers_levels_by_their_place_in_the_order(tmp_path, capsys):
+    """Levels that name their place (loadtests.sweep since session 42): each server's level over
+    its own median at that C, by place, pooled over C; here the adaptive server is 10 % slower
+    whenever it runs first and 10 % faster last. Records without places print no such table."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    servers = ["ar+graphs", "dflash+graphs", "ddtree63+graphs", ADAPTIVE]
+    for i, label in enumerate(servers):
+        rows = []
+        for k in range(4):  # passes: the order rotated by one each, so each server takes each place
+            place = (i - k) % 4
+            for c, t in ((1, 1000.0), (2, 2000.0)):
+                slow = {0: 0.9, 3: 1.1}.get(place, 1.0) if label == ADAPTIVE else 1.0
+                rows.append(
+                    {
+                        "label": label,
+                        "max_concurrency": c,
+                        "output_throughput": t * slow,
+                        "place": place,
+                    }
+                )
+        (d / (label.replace("+", "_") + ".jsonl")).write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    tiny_bar.main([str(d)])
+    text = capsys.readouterr().out
+    assert "| server | place 0 | place 1 | place 2 | place 3 |" in text
+    assert f"| {ADAPTIVE} | 0.900 (2) | 1.000 (2) | 1.000 (2) | 1.100 (2) |" in text
+    assert "| ar+graphs | 1.000 (2) | 1.000 (2) | 1.000 (2) | 1.000 (2) |" in text
+    places = tiny_bar.place_effect(tiny_bar.load_runs([d]))
+    assert sorted(places[ADAPTIVE]) == [0, 1, 2, 3]
+    (tmp_path / "plain").mkdir()
+    plain = _run(tmp_path / "plain", [(1, 1200), (2, 2208), (1, 800), (2, 1472)])
+    tiny_bar.main([str(plain)])
+    assert "by its place" not in capsys.readouterr().out
+
+
 def test_host_counters_show_each_pass_as_its_scheduler_spent_it(tmp_path, capsys):
     """With every level's host counters (loadtests.sweep --watch-pid): per server and pass, the
     chunk gap beside the decode loop's CPU and run-queue time within it (its shares of the
