@@ -146,16 +146,49 @@ def test_a_miss_is_named_with_its_concurrency(tmp_path, capsys):
     assert "the medians' intervals (>= 50.0 % each): missed at C = 1, 2" in text
 
 
-def test_a_run_without_every_role_is_refused_in_one_line(tmp_path, capsys):
+def test_a_run_without_an_adaptive_and_a_fixed_ddtree_server_is_refused_in_one_line(
+    tmp_path, capsys
+):
     d = tmp_path / "sweeps"
     d.mkdir()
     _write(d, "dflash+graphs", [(1, 1000)])
     _write(d, ADAPTIVE, [(1, 1000)])
     assert tiny_bar.main([str(d)]) == 2
     err = capsys.readouterr().err
-    assert "the bar needs one AR, one DFLASH, one +adaptive DDTREE and at least one fixed" in err
+    assert "the bar needs one +adaptive DDTREE server, at least one fixed DDTREE server" in err
+    assert "got AR [], DFLASH ['dflash+graphs'], adaptive [" in err
     assert tiny_bar.main([str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_run_of_the_ddtree_servers_alone_judges_the_5_percent_criterion_alone(tmp_path, capsys):
+    """Without AR and DFLASH (twice the passes in a call's time): only within 5 % of the best
+    fixed budget is judged, and the verdict says so; the step table splits that ratio alone."""
+    d = tmp_path / "sweeps"
+    d.mkdir()
+    _write(d, "ddtree63+graphs", [(1, 1000, 11.0, 3.0), (1, 800, 11.0, 4.0)])
+    _write(d, ADAPTIVE, [(1, 970, 11.0, 3.1), (1, 760, 11.0, 4.2)])
+    out = tmp_path / "bar.json"
+    assert tiny_bar.main([str(d), "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert list(row["adaptive_over"]) == ["best_fixed"]
+    assert row["adaptive_over"]["best_fixed"]["median"] == pytest.approx((0.97 + 0.95) / 2)
+    assert list(row["steps"]) == ["per_server", "adaptive_over_best_fixed"]
+    text = capsys.readouterr().out
+    assert (
+        "| C | passes | ddtree63+graphs | ddtree63+graphs+adaptive | adaptive / best fixed |"
+        in text
+    )
+    assert "| C | ddtree63+graphs | ddtree63+graphs+adaptive | adaptive / best fixed |" in text
+    assert (
+        "issue 15 tiny bar (within 5 % of the best fixed budget only: no DFLASH or AR server "
+        "in this run): met at every C" in text
+    )
+    _write(d, ADAPTIVE, [(1, 900), (1, 760)])  # 0.90 and 0.95: a miss
+    assert tiny_bar.main([str(d)]) == 1
+    assert "best fixed budget only: no DFLASH or AR server in this run): missed at C = 1" in (
+        capsys.readouterr().out
+    )
 
 
 def test_servers_with_and_without_fused_norms_do_not_mix(tmp_path, capsys):
