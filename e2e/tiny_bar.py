@@ -178,7 +178,6 @@ def verdict(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
     ar, dflash, adaptive, fixed = roles(list(runs))
     servers = tuple(s for s in (ar, dflash, *fixed, adaptive) if s is not None)
     floors = judged(ar, dflash)
-    against = {"dflash": dflash, "ar": ar}
     rows = []
     for c in sorted(runs[adaptive]):
         ran = min(len(runs[s].get(c, [])) for s in runs)
@@ -193,7 +192,7 @@ def verdict(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
         for lv in passes:
             a = float(lv[adaptive]["output_throughput"])
             best = max(fixed, key=lambda f: float(lv[f]["output_throughput"]))
-            others = {**against, "best_fixed": best}
+            others = {"dflash": dflash, "ar": ar, "best_fixed": best}
             per_pass.append(
                 {
                     "best": best,
@@ -318,10 +317,13 @@ def place_effect(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, 
     out: dict[str, dict[int, list[float]]] = {}
     for label, by_c in runs.items():
         for levels in by_c.values():
-            done = [float(lv["output_throughput"]) for lv in levels if complete(lv)]
-            placed = [lv for lv in levels if complete(lv) and "place" in lv]
+            done = [lv for lv in levels if complete(lv)]
+            placed = [lv for lv in done if "place" in lv]
+            if not placed:
+                continue
+            mid = statistics.median(float(lv["output_throughput"]) for lv in done)
             for lv in placed:
-                share = float(lv["output_throughput"]) / statistics.median(done)
+                share = float(lv["output_throughput"]) / mid
                 out.setdefault(label, {}).setdefault(int(lv["place"]), []).append(share)
     return out
 
