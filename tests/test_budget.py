@@ -60,10 +60,11 @@ def test_buckets_route_to_the_largest_at_or_below_and_prune_graphs():
     p = BudgetPolicy.from_dict(TABLE)
     assert [p.bucket(c) for c in (1, 2, 3, 4, 15, 16, 40)] == [1, 1, 1, 4, 4, 16, 16]
     assert BudgetPolicy.from_dict({"cost_ms": {"2": {"15": 1}}}).bucket(1) == 2  # below: smallest
-    graphs = [1, 2, 4, 8, 16, 24]
-    assert p.cuda_graph_bs_for_budget(63, graphs) == [1, 2]
-    assert p.cuda_graph_bs_for_budget(15, graphs) == graphs
-    assert p.cuda_graph_bs_for_budget(3, graphs) == [16, 24]
+    graphs = _controller(cuda_graph_bs=[1, 2, 4, 8, 16, 24])
+    assert graphs.cuda_graph_bs_for_budget(63) == [1, 2]
+    assert graphs.cuda_graph_bs_for_budget(15) == [1, 2, 4, 8, 16, 24]
+    assert graphs.cuda_graph_bs_for_budget(3) == [16, 24]
+    assert _controller().cuda_graph_bs_for_budget(15) == []  # graphs off
     # a batch pads to its CUDA-graph batch size before routing (the graph it replays)
     ctl = _controller(cuda_graph_bs=[1, 2, 4, 8, 16])
     assert [ctl.bucket_of(c) for c in (3, 9, 17)] == [4, 16, 16]
@@ -90,6 +91,71 @@ def test_choice_maximises_expected_throughput(c, want):
     for b in TABLE["cost_ms"][str(ctl.bucket_of(c))]:
         assert ctl.expected_tokens_per_s(c, int(b)) <= best
     assert best == pytest.approx(c * TAU[want] * 1000 / ctl.policy.cost_ms[ctl.bucket_of(c)][want])
+
+
+# The tiny pair's H200 table (e2e/adaptive_budgets_tiny_h200.json): the chain (15) is dearer
+# than 63 at C = 8 and 32, and 15 is nested in 63 (both >= L).
+TINY = {
+    "cost_ms": {
+        "1": {"15": 3.229, "63": 3.42},
+        "8": {"15": 6.376, "63": 5.349},
+        "32": {"15": 10.306, "63": 9.474},
+    }
+}
+
+
+def test_a_budget_nested_in_a_cheaper_one_of_its_bucket_is_no_candidate_there():
+    ctl = _controller(TINY, cuda_graph_bs=[1, 2, 4, 8, 16, 32])
+    assert ctl.candidates == {1: (15, 63), 8: (63,), 32: (63,)}
+    assert ctl.budgets == (15, 63)
+    assert ctl.cuda_graph_bs_for_budget(15) == [1, 2, 4]
+    assert ctl.cuda_graph_bs_for_budget(63) == [1, 2, 4, 8, 16, 32]
+    # nested but not cheaper, or cheaper but not nested (7 < L < 31): both stay
+    both = {"cost_ms": {"1": {"15": 3.0, "31": 3.0, "7": 9.0, "63": 2.0}}}
+    assert _controller(both).candidates == {1: (7, 63)}
+    kept = {"cost_ms": {"1": {"7": 9.0, "15": 3.0, "31": 3.0}}}
+    assert _controller(kept).candidates == {1: (7, 15, 31)}
+    # without nesting (a simulated tau per budget) nothing is known to dominate
+    sim = BudgetController(BudgetPolicy.from_dict(TINY), horizon=L, nested=False)
+    assert sim.candidates[8] == (15, 63)
+    # a bucket's budget no other bucket keeps needs no config at all
+    assert _controller({"cost_ms": {"1": {"15": 4.0, "63": 3.0}}}).budgets == (63,)
+
+
+@given(
+    costs=st.dictionaries(
+        st.sampled_from([3, 7, 15, 31, 63]), st.floats(1.0, 50.0), min_size=1, max_size=5
+    ),
+    taus=st.lists(st.floats(1.0, 17.0), min_size=5, max_size=5),
+    c=st.integers(1, 64),
+)
+@SETTINGS
+def test_a_pruned_budget_never_has_the_best_expected_throughput(costs, taus, c):
+    """Over every candidate of the bucket, the best expected throughput (ties to the smaller budget,
+    as choose breaks them) is always one the pruned set keeps, for any tau in nested order (a
+    budget's tau at least that of each budget nested in it)."""
+    budgets = [3, 7, 15, 31, 63]
+    tau = {}
+    for b, t in zip(budgets, sorted(taus), strict=True):  # ascending tau: nested order holds
+        tau[b] = t
+    table = {"cost_ms": {"1": {str(b): ms for b, ms in costs.items()}}}
+    ctl = _controller(table, tau=tau)
+    best = max(costs, key=lambda b: (c * tau[b] / costs[b], -b))
+    assert best in ctl.candidates[1]
+
+
+def test_a_bucket_with_one_candidate_runs_it_unmeasured_and_says_so_once():
+    calls = []
+    ctl = BudgetController(
+        BudgetPolicy.from_dict({**TINY, "measure_interval": 1, "probe_interval": 1}),
+        horizon=L,
+        on_switch=lambda *a: calls.append(a[:3]),
+    )
+    for _ in range(3):
+        assert ctl.choose(8) == 63
+        assert not ctl.measure
+    assert calls == [(8, None, 63)]
+    assert ctl.choose(1) == 63 and ctl.measure  # bucket 1 still warms up 15 and 63 (by 63)
 
 
 def test_cheaper_cost_flips_the_choice():
@@ -658,9 +724,10 @@ def test_a_budget_that_measures_every_candidate_is_measured_one_step_in_measure_
     # warm-up at 3 and 7; 7 is blind to 3: every step measured, probes at 3 included
     assert steps(5) == [(3, True)] + [(7, True)] * 4 + [(3, True)] + [(7, True)] * 3 + [(3, True)]
     every = BudgetController(
-        BudgetPolicy.from_dict({"cost_ms": {"1": {"7": 10}}, "measure_interval": 1}), horizon=5
+        BudgetPolicy.from_dict({"cost_ms": {"1": {"3": 10, "7": 10}}, "measure_interval": 1}),
+        horizon=15,
     )
     for _ in range(12):
-        every.choose(1)
+        assert every.choose(1) == 7
         assert every.measure
-        every.observe(7, [4.0], 1)
+        every.observe(7, [2.0, 4.0], 1)

@@ -1209,7 +1209,7 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
         w.on_verify_complete_cpu([0] * bs, batch_size=bs)
         return width
 
-    # 4 requests (bucket 4: budget 3 only): width 4; slots <= 3 accepted: 3 + 2 + 3 + 2 tokens
+    # 4 requests (bucket 4: budget 3 only, nothing to choose, so nothing measured): width 4
     assert step(4, [[0, 1, 2, -1], [4, 5, -1, -1], [8, 9, 10, -1], [12, 13, -1, -1]]) == 4
     assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("backend4", "graphs4")
     # budget 3 = L: K 1, the ranks its tree (the chain) needs
@@ -1218,13 +1218,14 @@ def test_budget_by_batch_size_switches_the_verify_width(tmp_path, monkeypatch, c
         1,
         4,
     )
-    assert w.budgets.tau == {3: 2.5}
+    assert w.budgets.tau == {} and not w.measured
     w.on_verify_complete_cpu([0] * 4, batch_size=4)  # no new decode step: nothing to feed
-    assert w.budgets.evidence == {3: 1}
-    # 2 requests (bucket 1): budget 4 unmeasured -> run it; it measures 3 (2 + 2) and 4 (3 + 3)
+    assert w.budgets.evidence == {}
+    # 2 requests (bucket 1): 3 and 4 unmeasured -> run 4, the largest that measures 3; it
+    # measures 3 (slots <= 3 accepted: 2 + 2 tokens) and 4 (3 + 3)
     assert step(2, [[0, 3, 4, -1], [5, 6, 9, -1]]) == 5
     assert (mr.attn_backend, w.config.verify_width) == ("backend5", 5)
-    assert w.budgets.tau == {3: pytest.approx(0.8 * 2.5 + 0.2 * 2), 4: 3.0}
+    assert w.budgets.tau == {3: 2.0, 4: 3.0}
     # both known: 4 -> 3/11 beats 3 -> 2.4/10
     assert step(1, [[0, 1, -1, -1]]) == 5
     # Overlap scheduling: the next step is launched before the scheduler reports the previous

@@ -30,8 +30,10 @@ Config file (JSON; for DDTREE, the file ``--speculative-adaptive-config`` names)
 * ``cost_ms`` (required): batch-size bucket -> {candidate budget: ms per decode step}. A running
   batch (padded to its CUDA-graph batch size when graphs are on, as SGLang's adaptive EAGLE does)
   uses the largest bucket <= its size, the smallest bucket below that; the bucket's budgets are
-  its candidates and each runs with its own captured verify graphs. The candidate budgets of the
-  server are the union over the buckets.
+  its candidates and each runs with its own captured verify graphs, less any nested in a strictly
+  cheaper one of the bucket (it never accepts more, so no tau makes it the choice; a bucket left
+  with one candidate runs it and measures nothing, as a fixed budget does). The candidate budgets
+  of the server are the union over the buckets.
 * ``ema_alpha`` (default 0.2, in (0, 1]): weight of the newest measured step in tau's moving
   average.
 * ``hysteresis`` (default 0.05, >= 0): a bucket leaves its budget only for one whose expected
@@ -214,11 +216,6 @@ class BudgetPolicy:
         buckets = self.buckets
         return buckets[max(0, bisect.bisect_right(buckets, batch_size) - 1)]
 
-    def cuda_graph_bs_for_budget(self, budget: int, cuda_graph_bs: Sequence[int]) -> list[int]:
-        """The CUDA-graph batch sizes whose bucket has ``budget`` as a candidate: the verify graphs
-        that width needs (the others could never be replayed at it)."""
-        return [bs for bs in cuda_graph_bs if budget in self.cost_ms[self.bucket(bs)]]
-
 
 class BudgetController:
     """Chooses the budget of each decode step and tracks tau per budget (module docstring).
@@ -256,6 +253,8 @@ class BudgetController:
         self._since_measure = 0  # steps chosen since the last one measured
         # measured_by of every candidate, asked several times a step: computed once
         self._measured = {b: self._nested_candidates(b) for b in policy.budgets}
+        # bucket -> the candidates that can win there, ascending (:meth:`_can_win`)
+        self.candidates = {k: self._can_win(row) for k, row in policy.cost_ms.items()}
 
     # -------------------------------------------------------------------------- routing
     def bucket_of(self, batch_size: int) -> int:
@@ -274,9 +273,36 @@ class BudgetController:
             return (budget,)
         return tuple(b for b in self.policy.budgets if nested_in(b, budget, self.horizon))
 
+    def _can_win(self, costs: dict[int, float]) -> tuple[int, ...]:
+        """The budgets of a bucket's ``costs`` that some tau could make its choice: not those nested
+        in a strictly cheaper one of the bucket, whose tau is never below theirs. The tiny pair's
+        H200 table prices the chain (15) above 63 at C = 8 and 32, so there the adaptive server
+        runs 63 as the fixed server does, measuring nothing and capturing no graphs for 15."""
+        return tuple(
+            b
+            for b in sorted(costs)
+            if not any(
+                b != big and b in self.measured_by(big) and costs[big] < costs[b] for big in costs
+            )
+        )
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        """Every budget some bucket may run, ascending: the policy's, less those no bucket keeps."""
+        return tuple(sorted({b for row in self.candidates.values() for b in row}))
+
+    def cuda_graph_bs_for_budget(self, budget: int) -> list[int]:
+        """The CUDA-graph batch sizes whose bucket keeps ``budget`` as a candidate: the verify
+        graphs that width needs (the others could never be replayed at it)."""
+        return [
+            bs
+            for bs in self.cuda_graph_bs or ()
+            if budget in self.candidates[self.policy.bucket(bs)]
+        ]
+
     def _measuring_budget(self, bucket: int, want: int) -> int:
         """The largest candidate of ``bucket`` whose step measures budget ``want``."""
-        return max(b for b in self.policy.cost_ms[bucket] if want in self.measured_by(b))
+        return max(b for b in self.candidates[bucket] if want in self.measured_by(b))
 
     # --------------------------------------------------------------------------- choice
     def expected_tokens_per_s(self, batch_size: int, budget: int) -> float:
@@ -290,7 +316,12 @@ class BudgetController:
         warm-up steps, the steps of a bucket whose budget is blind to some candidate (probes
         included), and one step in ``measure_interval`` of the others."""
         bucket = self.bucket_of(batch_size)
-        candidates = self.policy.cost_ms[bucket]
+        candidates = self.candidates[bucket]
+        if len(candidates) == 1:  # nothing to choose, so nothing to measure
+            self.measure = False
+            if bucket not in self._current:
+                self._settle(bucket, None, candidates[0])
+            return candidates[0]
         unsure = [b for b in candidates if self.evidence.get(b, 0) < self.policy.warmup_steps]
         if unsure:
             self._measure_next(forced=True)
@@ -302,14 +333,19 @@ class BudgetController:
             and self.expected_tokens_per_s(batch_size, best)
             > self.expected_tokens_per_s(batch_size, current) * (1.0 + self.policy.hysteresis)
         ):
-            if self.on_switch is not None:
-                self.on_switch(bucket, current, best, dict(self.tau))
-            self._current[bucket] = current = best
+            current = self._settle(bucket, current, best)
         # the candidates current's steps do not measure: a budget blind to some is measured every
         # step (its probes too: only such a budget has them)
         blind = [b for b in candidates if b not in self.measured_by(current)]
         self._measure_next(forced=bool(blind))
         return self._probe_or(bucket, current, blind)
+
+    def _settle(self, bucket: int, old: int | None, new: int) -> int:
+        """Make ``new`` the budget ``bucket`` runs (and say so through ``on_switch``)."""
+        if self.on_switch is not None:
+            self.on_switch(bucket, old, new, dict(self.tau))
+        self._current[bucket] = new
+        return new
 
     def _measure_next(self, forced: bool) -> None:
         """Set ``measure`` for the step just chosen: ``forced``, or ``measure_interval`` steps

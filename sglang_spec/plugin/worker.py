@@ -245,7 +245,7 @@ class DDTreeWorker(DFlashWorkerV2):
             nested=self.config.simulated_accept_by_budget is None,
             on_switch=_log_budget_switch if get_parallel().tp_rank == 0 else None,
         )
-        self.budget_configs = {b: self.config.for_budget(b) for b in policy.budgets}
+        self.budget_configs = {b: self.config.for_budget(b) for b in self.budgets.budgets}
         self.verify_states: dict[int, adapter.TargetVerifyState] = {}
         # (budget, verify width, host accept_index or None when not measured, requests) of each
         # decode step whose results the scheduler has not processed yet: with overlap scheduling
@@ -280,11 +280,7 @@ class DDTreeWorker(DFlashWorkerV2):
         graphs = {server: graph_bs}
         for b in self.budget_configs:
             if b != server:
-                graphs[b] = (
-                    None
-                    if graph_bs is None
-                    else self.budgets.policy.cuda_graph_bs_for_budget(b, graph_bs)
-                )
+                graphs[b] = None if graph_bs is None else self.budgets.cuda_graph_bs_for_budget(b)
                 self.verify_states[b] = adapter.build_target_verify_state(self, b + 1, graphs[b])
         self.warm_tree_layouts()
         if get_parallel().tp_rank == 0:
