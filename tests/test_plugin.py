@@ -1272,10 +1272,15 @@ def test_only_the_steps_the_controller_measures_are_copied_and_fed(monkeypatch):
     from sglang_spec.plugin.budget import BudgetController, BudgetPolicy
 
     policy = BudgetPolicy.from_dict(
-        {"cost_ms": {"1": {"3": 10}}, "warmup_steps": 2, "probe_interval": 0, "measure_interval": 3}
+        {
+            "cost_ms": {"1": {"3": 10, "4": 10}},  # 3 nested in 4, no cheaper: both candidates
+            "warmup_steps": 2,
+            "probe_interval": 0,
+            "measure_interval": 3,
+        }
     )
     w = object.__new__(worker_mod.DDTreeWorker)
-    w.config = DDTreeConfig(block_size=4, verify_width=4, topk_per_depth=4, tree_temperature=1.0)
+    w.config = DDTreeConfig(block_size=4, verify_width=5, topk_per_depth=4, tree_temperature=1.0)
     w.budgets = BudgetController(policy, horizon=3)
     w.measured = deque()
     copies = []
@@ -1286,10 +1291,10 @@ def test_only_the_steps_the_controller_measures_are_copied_and_fed(monkeypatch):
         w.budgets, "observe", lambda b, sums, n: fed.append(sums) or observe(b, sums, n)
     )
 
-    def launch(k):  # step k accepts k % 4 + 1 tokens (root included)
-        assert w.budgets.choose(1) == 3
+    def launch(k):  # step k accepts k % 4 + 1 tokens (root included) at slots 0, 4, 1, 2
+        assert w.budgets.choose(1) == 4  # warm-up: the largest that measures 3; then the best
         ids = torch.full((1, 4), -1)
-        ids[0, : k % 4 + 1] = torch.arange(k % 4 + 1)
+        ids[0, : k % 4 + 1] = torch.tensor([0, 4, 1, 2])[: k % 4 + 1]
         w.measure_budgets(ids, 1)
 
     launch(0)
@@ -1299,8 +1304,10 @@ def test_only_the_steps_the_controller_measures_are_copied_and_fed(monkeypatch):
     w.on_verify_complete_cpu([0], batch_size=1)
     # warm-up: steps 0-2 (step 2 is chosen before step 1 is reported, so budget 3 still has one
     # step of evidence of the two it needs); then the third step after each measured one: 5, 8
-    assert len(copies) == 5 and fed == [[1], [2], [3], [2], [1]]
-    assert w.budgets.evidence == {3: 5} and not w.measured
+    # step 3 chooses with steps 0 and 1 known: tau(4) 1.2 > tau(3) 1, at equal cost; each sum is
+    # [slots <= 3, slots <= 4]
+    assert len(copies) == 5 and fed == [[1, 1], [1, 2], [2, 3], [1, 2], [1, 1]]
+    assert w.budgets.evidence == {3: 5, 4: 5} and not w.measured
     launch(10)  # not measured, still checked against its report
     with pytest.raises(RuntimeError, match="a step of 1 requests measured, results of 2 reported"):
         w.on_verify_complete_cpu([0, 0], batch_size=2)
