@@ -134,10 +134,8 @@ def test_a_pruned_budget_never_has_the_best_expected_throughput(costs, taus, c):
     """Over every candidate of the bucket, the best expected throughput (ties to the smaller budget,
     as choose breaks them) is always one the pruned set keeps, for any tau in nested order (a
     budget's tau at least that of each budget nested in it)."""
-    budgets = [3, 7, 15, 31, 63]
-    tau = {}
-    for b, t in zip(budgets, sorted(taus), strict=True):  # ascending tau: nested order holds
-        tau[b] = t
+    # ascending tau over ascending budgets: nested order holds
+    tau = dict(zip([3, 7, 15, 31, 63], sorted(taus), strict=True))
     table = {"cost_ms": {"1": {str(b): ms for b, ms in costs.items()}}}
     ctl = _controller(table, tau=tau)
     best = max(costs, key=lambda b: (c * tau[b] / costs[b], -b))
